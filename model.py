@@ -1,0 +1,618 @@
+"""
+The GPT of the Bank of Values paper, in one file.
+
+He, Liu, Huang, Zhang (2026), "Do Value Vectors in Deep Layers Need Context from the Residual
+Stream?", arXiv 2606.02780. The trunk is nanochat's: RMSNorm without weights, RoPE then QK-norm,
+relu^2 MLP, untied lm_head, logit soft-cap, sliding-window attention in an "SSSL" pattern.
+
+The paper's one change, Bank of Values (BoV): in each of the last third of layers the value
+vectors no longer come from the residual stream, V = x W_V (eq. 1), but from a per-layer table
+looked up by token id, v_p = gamma_v * E_v[i_p] (eq. 5). E_v starts as RMSNorm(wte) W_V of that
+layer, so the first forward pass equals the "x0 W_V" variant exactly. See `Attention.value()`.
+
+The paper's whole value-vector grid (Table 1, Fig 5b, Tables 2-3) is one mechanism: in each
+*target* layer a context-free V~ (source "x0", "v1" or "table"; "x" is the ordinary V) either
+replaces V (v = c V~) or is added to it (v = a V + b V~), with learned, fixed or gated
+coefficients. Named presets pick a size and a variant: `GPTConfig.preset("paper_135m", "bov")`.
+
+Run `python model.py` to list the presets with their parameters and FLOPs.
+"""
+
+import math
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# -----------------------------------------------------------------------------
+# Configuration and presets
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 32768      # the paper's BPE vocabulary; "cpu" takes it from the prepared data
+    n_layer: int = 12
+    n_head: int = 6              # head_dim = n_embd / n_head (128 at both paper sizes)
+    n_embd: int = 768
+    block_size: int = 2048       # training context length T
+    window_pattern: str = "SSSL" # tiled over layers; L = full context, S = a quarter of it; last layer always L
+    # --- value vectors (Section 3 of the paper). Defaults are standard attention. ---
+    bov_layers: str | tuple = "none"  # target layers: "last_third" | "every_other" | "all" | "none" | e.g. (8, 9, 10, 11)
+    value_source: str = "table"  # V~ in a target layer: "table" (BoV's E_v[i]) | "x0" (x0 W_V) | "v1" (layer 0's V) | "x" (V itself)
+    value_mix: str = "replace"   # "replace": v = c V~  |  "add": v = a V + b V~
+    value_coeff: str = "learned" # "learned" (free scalars, c=1 / a=1, b=0 at init) | "fixed" (c=1 / a=b=0.5) | "gated" (a=1, b=3 sigmoid(W_g x[:12]) per head)
+    shared_table: bool = False   # one E_v for all target layers instead of one per layer (Fig 5b ablation)
+
+    def __post_init__(self):
+        if isinstance(self.bov_layers, list):
+            self.bov_layers = tuple(self.bov_layers)
+        self.validate()
+
+    # -- named presets --------------------------------------------------------
+
+    @classmethod
+    def preset(cls, size, variant="baseline", **overrides):
+        """The one entry point: a size from SIZES and a variant from VARIANTS, then field overrides."""
+        if size not in SIZES:
+            raise ValueError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+        names = {f.name for f in fields(cls)}
+        bad = sorted(set(overrides) - names)
+        if bad:
+            raise ValueError(f"unknown GPTConfig field(s) {', '.join(bad)}; fields are {', '.join(sorted(names))}")
+        return cls(**{**SIZES[size], **VARIANTS[variant], **overrides})
+
+    # -- derived quantities ---------------------------------------------------
+
+    @property
+    def head_dim(self):
+        return self.n_embd // self.n_head
+
+    def target_layers(self):
+        """Indices of the layers whose value vectors the variant changes (Table 1's "Target")."""
+        L, spec = self.n_layer, self.bov_layers
+        if spec == "none":
+            return ()
+        if spec == "last_third":
+            return tuple(range(2 * L // 3, L))
+        if spec == "every_other":  # nanochat's value-embedding layers: the last layer and every second one below it
+            return tuple(i for i in range(L) if i % 2 == (L - 1) % 2)
+        if spec == "all":  # layer 0 produces V1, so it cannot also consume it
+            return tuple(range(1 if self.value_source == "v1" else 0, L))
+        return tuple(sorted(set(spec)))
+
+    def windows(self):
+        """Attention window of every layer, in tokens including the query itself (nanochat's SSSL)."""
+        short = -(-self.block_size // 4 // 128) * 128  # a quarter of the context, rounded up to 128
+        size = {"L": self.block_size, "S": min(short, self.block_size)}
+        w = [size[self.window_pattern[i % len(self.window_pattern)]] for i in range(self.n_layer)]
+        w[-1] = self.block_size
+        return w
+
+    def table_layers(self):
+        return self.target_layers() if self.value_source == "table" else ()
+
+    def n_tables(self):
+        return 0 if not self.table_layers() else (1 if self.shared_table else len(self.table_layers()))
+
+    def v_free_layers(self):
+        """Layers whose values need no V cache at decode: a replaced V~ that is a table row or V1."""
+        if self.value_mix != "replace" or self.value_source not in ("table", "v1"):
+            return ()
+        return self.target_layers()
+
+    # -- memory accounting (the paper's Section 4, eq. 6) -----------------------
+
+    def kv_cache_bytes(self, batch, context, dtype=torch.bfloat16):
+        """Bytes of the decode cache for `batch` sequences of `context` tokens.
+        K for every layer, V for every layer that is not V-free, one int32 id per token if any layer reads a table."""
+        per_token = (2 * self.n_layer - len(self.v_free_layers())) * self.n_embd * _itemsize(dtype)
+        per_token += 4 if self.table_layers() else 0
+        return batch * context * per_token
+
+    def table_bytes(self, dtype=torch.bfloat16):
+        """Bytes of the value tables themselves: n_tables x |V| x d, shared by every sequence."""
+        return self.n_tables() * self.vocab_size * self.n_embd * _itemsize(dtype)
+
+    # -- checks -----------------------------------------------------------------
+
+    def validate(self):
+        """Raise ValueError, saying what and why, for a configuration that makes no sense."""
+        def bad(msg):
+            raise ValueError(f"bad GPTConfig: {msg}")
+        for name in ("vocab_size", "n_layer", "n_head", "n_embd", "block_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                bad(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.n_embd % self.n_head:
+            bad(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        if self.head_dim % 2:
+            bad(f"head_dim={self.head_dim} must be even for RoPE")
+        if not self.window_pattern or set(self.window_pattern) - set("SL"):
+            bad(f"window_pattern must be a non-empty string of 'S' and 'L', got {self.window_pattern!r}")
+        if self.value_source not in ("table", "x0", "v1", "x"):
+            bad(f"value_source must be 'table', 'x0', 'v1' or 'x', got {self.value_source!r}")
+        if self.value_mix not in ("replace", "add"):
+            bad(f"value_mix must be 'replace' or 'add', got {self.value_mix!r}")
+        if self.value_coeff not in ("learned", "fixed", "gated"):
+            bad(f"value_coeff must be 'learned', 'fixed' or 'gated', got {self.value_coeff!r}")
+        spec = self.bov_layers
+        if isinstance(spec, str):
+            if spec not in ("last_third", "every_other", "all", "none"):
+                bad(f"bov_layers must be 'last_third', 'every_other', 'all', 'none' or a list of layer indices, got {spec!r}")
+        elif not (isinstance(spec, tuple) and spec and all(isinstance(i, int) and 0 <= i < self.n_layer for i in spec)):
+            bad(f"bov_layers as a list must hold layer indices in [0, {self.n_layer}), got {spec!r}")
+        targets = self.target_layers()
+        if self.value_source == "v1" and 0 in targets:
+            bad("value_source 'v1' with layer 0 as a target: layer 0 produces V1 and cannot also consume it")
+        if self.value_source == "x" and self.value_mix == "add":
+            bad("value_source 'x' with value_mix 'add' is V + V, a rescaled V; use 'replace' with a learned coefficient")
+        if self.value_coeff == "gated" and (self.value_mix != "add" or self.value_source != "table"):
+            bad("value_coeff 'gated' is the additive value embedding of nanochat: it needs value_source 'table' and value_mix 'add'")
+        if self.value_source == "x" and self.value_coeff != "learned":
+            bad("value_source 'x' with a fixed coefficient is standard attention; use bov_layers 'none'")
+        if self.shared_table and self.value_source != "table":
+            bad("shared_table needs value_source 'table'")
+        if self.value_coeff == "gated" and self.n_embd < 12:
+            bad("the gated value embedding reads 12 channels: n_embd must be at least 12")
+
+
+def _itemsize(dtype):
+    return torch.empty((), dtype=dtype).element_size()
+
+
+# Sizes: the paper's two models (its Table 6) and one that trains in minutes on 2 CPU cores.
+SIZES = {
+    "paper_135m": dict(n_layer=12, n_embd=768, n_head=6, vocab_size=32768, block_size=2048, window_pattern="SSSL"),
+    "paper_780m": dict(n_layer=24, n_embd=1536, n_head=12, vocab_size=32768, block_size=2048, window_pattern="SSSL"),
+    # 6 layers so that "last third" is 2 layers; vocab is overridden by train.py from the prepared data.
+    "cpu": dict(n_layer=6, n_embd=192, n_head=6, vocab_size=4096, block_size=256, window_pattern="SSSL"),
+}
+
+_LAST, _EVERY, _ALL = "last_third", "every_other", "all"
+def _v(layers, source, mix="replace", coeff="learned", **kw):
+    return dict(bov_layers=layers, value_source=source, value_mix=mix, value_coeff=coeff, **kw)
+
+# Variants. "Last 4" of the paper's 12-layer model is its last third; "Every 2" is every_other.
+VARIANTS = {
+    "baseline": {},
+    "bov": _v(_LAST, "table"),                                  # BoV: v = gamma_v E_v[i] in the last third
+    # Table 1 of the paper, rows 1-13 (12-layer model, 1.5e18 FLOPs)
+    "t1_r01": {},                                               # V (standard attention)
+    "t1_r02": _v(_LAST, "x"),                                   # gamma_v V, last 4
+    "t1_r03": _v(_ALL, "v1", coeff="fixed"),                    # V1, all layers, coefficient 1
+    "t1_r04": _v(_EVERY, "v1"),                                 # gamma_v V1, every 2
+    "t1_r05": _v(_LAST, "v1", coeff="fixed"),                   # V1, last 4, coefficient 1
+    "t1_r06": _v(_LAST, "v1"),                                  # gamma_v V1, last 4
+    "t1_r07": _v(_EVERY, "x0"),                                 # gamma_v x0 W_V, every 2
+    "t1_r08": _v(_LAST, "x0", coeff="fixed"),                   # x0 W_V, last 4, coefficient 1
+    "t1_r09": _v(_LAST, "x0"),                                  # gamma_v x0 W_V, last 4
+    "t1_r10": _v(_LAST, "v1", "add", "fixed"),                  # 0.5 V + 0.5 V1, last 4
+    "t1_r11": _v(_LAST, "v1", "add"),                           # a V + b V1, last 4
+    "t1_r12": _v(_LAST, "x0", "add", "fixed"),                  # 0.5 V + 0.5 x0 W_V, last 4
+    "t1_r13": _v(_LAST, "x0", "add"),                           # a V + b x0 W_V, last 4
+    # Fig 5b: ablations of BoV's components (12-layer model)
+    "bov_shared_table": _v(_LAST, "table", shared_table=True),  # one E_v for all target layers
+    "bov_fixed_coeff": _v(_LAST, "table", coeff="fixed"),       # v = E_v[i], no gamma_v
+    "bov_every_layer": _v(_ALL, "table"),                       # a table in every layer
+    "bov_keep_v": _v(_LAST, "table", "add"),                    # v = a V + b E_v[i]
+    # Prior methods the paper compares with (Section 5.2, Tables 2-3)
+    "value_embed_gated": _v(_EVERY, "table", "add", "gated"),   # nanochat / modded-nanogpt value embeddings
+    "resformer": _v(_ALL, "v1", "add", "fixed"),                # value residual: 0.5 V + 0.5 V1 after layer 0
+    "svformer": _v(_ALL, "v1", coeff="fixed"),                  # V1 replaces V after layer 0
+}
+
+# -----------------------------------------------------------------------------
+# Building blocks
+
+def norm(x):
+    """RMSNorm without learnable weights."""
+    return F.rms_norm(x, (x.size(-1),))
+
+
+def rope_tables(seq_len, head_dim, base=100_000, device=None):
+    """cos, sin of shape (seq_len, head_dim/2) for rotary position embeddings."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32, device=device), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate the two halves of every head of x (B, T, H, D) by position; cos, sin are (T, D/2)."""
+    d = x.size(-1) // 2
+    x1, x2 = x[..., :d], x[..., d:]
+    cos, sin = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
+    return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1)
+
+
+def window_mask(q_pos, k_pos, window):
+    """Boolean (Tq, Tk) mask: query at absolute position p sees keys in (p - window, p]."""
+    diff = q_pos[:, None] - k_pos[None, :]
+    return (diff >= 0) & (diff < window)
+
+
+class KVCache:
+    """Preallocated decode cache for `batch` sequences of up to `max_len` tokens.
+
+    K for every layer; V only for layers whose values depend on context. A BoV table layer keeps
+    no V: it gathers gamma_v E_v[ids] for the ids in its window at each step and drops them after
+    the layer, so the cache holds the token ids once for the whole model (int32). A layer that
+    replaces V by V1 reads layer 0's V cache. Tensors are (B, H, T, D).
+    """
+
+    def __init__(self, config, batch, max_len, dtype, device):
+        B, H, D = batch, config.n_head, config.head_dim
+        v_free = set(config.v_free_layers())
+        empty = lambda: torch.empty(B, H, max_len, D, dtype=dtype, device=device)
+        self.k = [empty() for _ in range(config.n_layer)]
+        self.v = [None if i in v_free else empty() for i in range(config.n_layer)]
+        self.ids = torch.empty(B, max_len, dtype=torch.int32, device=device) if config.table_layers() else None
+        self.pos = 0  # number of positions already written
+        self.max_len = max_len
+
+    def nbytes(self):
+        tensors = self.k + [v for v in self.v if v is not None] + ([self.ids] if self.ids is not None else [])
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass
+class _Pass:
+    """What every block of one forward pass may read, besides its input x."""
+    ids: torch.Tensor            # (B, T) token ids of this pass
+    x0: torch.Tensor             # (B, T, C) RMSNorm(wte[ids]), the context-free initial embedding
+    cos: torch.Tensor            # (T, D/2) rotary tables at this pass's positions
+    sin: torch.Tensor
+    pos: int                     # absolute position of ids[:, 0]
+    rows: object                 # rows(t, ids) -> (B, T, C) rows of value table t
+    cache: KVCache | None = None
+    v1: torch.Tensor | None = None  # (B, T, H, D) layer 0's values, kept for the V1 variants
+
+
+class Attention(nn.Module):
+    """Causal self-attention with RoPE, QK-norm and an optional sliding window.
+    In a target layer the values come from `value()` (the paper's grid); elsewhere V = x W_V."""
+
+    def __init__(self, config, layer, window):
+        super().__init__()
+        C = config.n_embd
+        self.layer, self.window = layer, window
+        self.n_head, self.head_dim = config.n_head, config.head_dim
+        self.target = layer in config.target_layers()
+        self.source = config.value_source if self.target else None
+        self.mix, self.coeff = config.value_mix, config.value_coeff
+        self.v_free = layer in config.v_free_layers()
+        self.table = (config.table_layers().index(layer) if not config.shared_table else 0) if self.source == "table" else None
+        self.c_q = nn.Linear(C, C, bias=False)
+        self.c_k = nn.Linear(C, C, bias=False)
+        # A layer whose V is replaced by a table row or by V1 never computes x W_V: no W_V parameter.
+        self.c_v = None if self.v_free else nn.Linear(C, C, bias=False)
+        self.c_proj = nn.Linear(C, C, bias=False)
+        if self.target and self.coeff == "learned":
+            if self.mix == "replace":
+                self.gamma_v = nn.Parameter(torch.ones(1))   # unbounded, init 1 (the paper's gamma_v)
+            else:
+                self.alpha_v = nn.Parameter(torch.ones(1))   # on V
+                self.beta_v = nn.Parameter(torch.zeros(1))   # on V~: the model starts as standard attention
+        if self.target and self.coeff == "gated":
+            self.ve_gate = nn.Linear(12, self.n_head, bias=False)  # reads the first 12 channels of x
+
+    def coefficients(self):
+        """(c,) for replace or (a, b) for add: parameters if learned, else the fixed 1 / 0.5."""
+        if self.mix == "replace":
+            return (self.gamma_v,) if self.coeff == "learned" else (1.0,)
+        return (self.alpha_v, self.beta_v) if self.coeff == "learned" else (0.5, 0.5)
+
+    def value(self, x, ctx):
+        """Value vectors (B, T, H, D) of this pass's tokens: eq. 1, or the paper's Section 3 grid."""
+        B, T, C = x.shape
+        heads = lambda t: t.view(B, T, self.n_head, self.head_dim)
+        if not self.target:
+            return heads(self.c_v(x))                         # V = x W_V
+        if self.source == "table":
+            tilde = heads(ctx.rows(self.table, ctx.ids))      # E_v[i_p]: a lookup, no matmul
+        elif self.source == "x0":
+            tilde = heads(self.c_v(ctx.x0))                   # x0 W_V
+        elif self.source == "v1":
+            tilde = ctx.v1                                    # V of layer 0
+        else:
+            tilde = heads(self.c_v(x))                        # V itself (Table 1 row 2)
+        if self.coeff == "gated":                             # V + g(x) E[i], g in (0, 3) per head
+            gate = 3 * torch.sigmoid(self.ve_gate(x[..., :12]))  # (B, T, H)
+            return heads(self.c_v(x)) + gate.unsqueeze(-1) * tilde
+        if self.mix == "replace":
+            (c,) = self.coefficients()
+            return c * tilde                                  # BoV: v_p = gamma_v E_v[i_p] (eq. 5)
+        a, b = self.coefficients()
+        return a * heads(self.c_v(x)) + b * tilde
+
+    def forward(self, x, ctx):
+        B, T, C = x.shape
+        q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
+        k = self.c_k(x).view(B, T, self.n_head, self.head_dim)
+        q = norm(apply_rope(q, ctx.cos, ctx.sin)).transpose(1, 2)  # (B, H, T, D)
+        k = norm(apply_rope(k, ctx.cos, ctx.sin)).transpose(1, 2)
+        if ctx.cache is not None and self.v_free:
+            v = None  # gathered from the cache over the whole window below
+        else:
+            v = self.value(x, ctx).transpose(1, 2)  # (B, H, T, D)
+        if self.layer == 0:
+            ctx.v1 = v.transpose(1, 2)  # (B, T, H, D)
+        if ctx.cache is None:
+            if self.window >= T:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                pos = torch.arange(T, device=x.device)
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(pos, pos, self.window))
+        else:
+            k, v, mask = self.cached_keys_values(k, v, ctx)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.c_proj(y)
+
+    def cached_keys_values(self, k, v, ctx):
+        """Write this pass's K (and V, unless V-free) into the cache; return the keys and values in
+        the window of this pass's queries, and the mask (None when every query sees every key)."""
+        cache, p0, T = ctx.cache, ctx.pos, k.size(2)
+        end = p0 + T
+        start = max(0, p0 + 1 - self.window)  # the oldest key the first query can see
+        cache.k[self.layer][:, :, p0:end] = k
+        keys = cache.k[self.layer][:, :, start:end]
+        if not self.v_free:
+            cache.v[self.layer][:, :, p0:end] = v
+            values = cache.v[self.layer][:, :, start:end]
+        elif self.source == "table":  # gather the window's rows again; they are dropped after the layer
+            ids = cache.ids[:, start:end]
+            rows = ctx.rows(self.table, ids).view(ids.size(0), end - start, self.n_head, self.head_dim)
+            (c,) = self.coefficients()
+            values = (c * rows).transpose(1, 2).to(keys.dtype)
+        else:  # V1 from layer 0's cache
+            (c,) = self.coefficients()
+            values = c * cache.v[0][:, :, start:end]
+        mask = None
+        if T > 1 or end - start > self.window:
+            q_pos = torch.arange(p0, end, device=k.device)
+            mask = window_mask(q_pos, torch.arange(start, end, device=k.device), self.window)
+        return keys, values, mask
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(F.relu(self.c_fc(x)).square())
+
+
+class Block(nn.Module):
+    def __init__(self, config, layer, window):
+        super().__init__()
+        self.attn = Attention(config, layer, window)
+        self.mlp = MLP(config)
+
+    def forward(self, x, ctx):
+        x = x + self.attn(norm(x), ctx)
+        return x + self.mlp(norm(x))
+
+
+# -----------------------------------------------------------------------------
+# The model
+
+class GPT(nn.Module):
+
+    def __init__(self, config, device=None):
+        """Build the model and initialise it (see `init_weights`) on `device` (default CPU).
+        device="meta" builds the shapes only: parameter counts and FLOPs without any memory."""
+        super().__init__()
+        config.validate()
+        self.config = config
+        with torch.device("meta"):
+            self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+            self.blocks = nn.ModuleList(Block(config, i, w) for i, w in enumerate(config.windows()))
+            self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+            # Value tables E_v (|V| x d), one per BoV layer or one shared: sparse lookups, no matmul.
+            self.tables = nn.ModuleList(nn.Embedding(config.vocab_size, config.n_embd) for _ in range(config.n_tables()))
+        self.offload = None  # set by `offload_tables()`: the tables stay in host memory
+        if str(device) != "meta":
+            self.to_empty(device=device or "cpu")
+            self.init_weights()
+        # RoPE tables (block_size, head_dim/2): derived, so not saved in checkpoints.
+        cos, sin = rope_tables(config.block_size, config.head_dim, device=self.wte.weight.device)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    @torch.no_grad()
+    def init_weights(self):
+        """nanochat's initialisation, drawn from torch's global RNG in a fixed order:
+            wte                      normal, std 1
+            lm_head                  normal, std 0.001
+            c_q, c_k, c_v, c_fc      uniform(-s, s), s = sqrt(3 / n_embd)  (std 1/sqrt(n_embd))
+            attn.c_proj, mlp.c_proj  zeros, so every block starts as the identity
+            gamma_v, alpha_v = 1, beta_v = 0
+            ve_gate (gated)          uniform(0, 0.02), gate ~ 1.5
+            E_v (BoV)                RMSNorm(wte) W_V of its layer (the paper's Section 5), so the first
+                                     pass equals the x0 W_V variant. A BoV layer draws its W_V like any
+                                     other layer, uses it for E_v, then drops it. A shared table takes
+                                     the first target layer's W_V.
+            E (gated)                uniform(-s, s), as nanochat's value embeddings
+        """
+        cfg = self.config
+        s = math.sqrt(3 / cfg.n_embd)
+        nn.init.normal_(self.wte.weight, std=1.0)
+        nn.init.normal_(self.lm_head.weight, std=0.001)
+        w_v = {}  # layer -> the W_V drawn for it
+        for i, block in enumerate(self.blocks):
+            a = block.attn
+            nn.init.uniform_(a.c_q.weight, -s, s)
+            nn.init.uniform_(a.c_k.weight, -s, s)
+            w_v[i] = nn.init.uniform_(torch.empty_like(a.c_q.weight), -s, s)
+            if a.c_v is not None:
+                a.c_v.weight.copy_(w_v[i])
+            nn.init.zeros_(a.c_proj.weight)
+            nn.init.uniform_(block.mlp.c_fc.weight, -s, s)
+            nn.init.zeros_(block.mlp.c_proj.weight)
+            for name, value in (("gamma_v", 1.0), ("alpha_v", 1.0), ("beta_v", 0.0)):
+                if hasattr(a, name):
+                    getattr(a, name).fill_(value)
+            if hasattr(a, "ve_gate"):
+                nn.init.uniform_(a.ve_gate.weight, 0.0, 0.02)
+        if cfg.value_coeff == "gated":
+            for table in self.tables:
+                nn.init.uniform_(table.weight, -s, s)
+        else:
+            x0_all = norm(self.wte.weight)  # (|V|, C): x0 of every token id
+            for t, table in enumerate(self.tables):
+                table.weight.copy_(x0_all @ w_v[cfg.table_layers()[t]].T)
+
+    # -- forward --------------------------------------------------------------
+
+    def check_ids(self, idx, cache=None):
+        """ValueError, before any kernel runs, for ids outside the vocabulary or a too-long sequence."""
+        if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"idx must be a (batch, time) tensor of int64 token ids, got shape {tuple(idx.shape)} dtype {idx.dtype}")
+        if idx.numel() and (idx.min() < 0 or idx.max() >= self.config.vocab_size):
+            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got min {idx.min().item()} max {idx.max().item()}")
+        limit = self.config.block_size if cache is None else cache.max_len - cache.pos
+        if idx.size(1) > limit:
+            what = f"block_size {self.config.block_size}" if cache is None else f"the {cache.max_len - cache.pos} positions left in the KV cache"
+            raise ValueError(f"sequence of {idx.size(1)} tokens is longer than {what}")
+        if idx.size(1) == 0:
+            raise ValueError("empty sequence: idx needs at least one token")
+
+    def forward(self, idx, targets=None, *, reduction="mean", cache=None):
+        """logits (B, T, |V|) and, given targets (-1 = ignore), the loss: a scalar mean, or the
+        per-token losses (B, T) with reduction="none" (ignored positions give 0)."""
+        if not torch.compiler.is_compiling():  # data-dependent checks stay out of compiled graphs
+            self.check_ids(idx, cache)
+        B, T = idx.shape
+        pos = 0 if cache is None else cache.pos
+        if cache is not None and cache.ids is not None:
+            cache.ids[:, pos:pos + T] = idx
+        if self.offload is not None:
+            self.offload.prefetch(idx)  # bring the rows of new ids over before the trunk needs them
+        x0 = norm(self.wte(idx))
+        ctx = _Pass(ids=idx, x0=x0, cos=self.cos[pos:pos + T], sin=self.sin[pos:pos + T], pos=pos,
+                    rows=self.table_rows, cache=cache)
+        x = x0
+        for block in self.blocks:
+            x = block(x, ctx)
+        if cache is not None:
+            cache.pos += T
+        logits = self.lm_head(norm(x)).float()
+        logits = 15 * torch.tanh(logits / 15)  # soft-cap the logits to (-15, 15)
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=reduction)
+        return logits, (loss.view(B, T) if reduction == "none" else loss)
+
+    def table_rows(self, t, ids):
+        """Rows of value table t for token ids (any shape) -> ids.shape + (C,)."""
+        if self.offload is not None:
+            return self.offload.rows(t, ids)
+        return F.embedding(ids, self.tables[t].weight)
+
+    # -- generation -----------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None):
+        """Append max_new_tokens sampled tokens to idx (B, T) and return the result (B, T + n).
+        temperature 0 is greedy. See `stream()` for tokens one step at a time."""
+        out = [idx] + list(self.stream(idx, max_new_tokens, temperature, top_k, use_cache, generator))
+        return torch.cat(out, dim=1)
+
+    @torch.no_grad()
+    def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None):
+        """Yield the new tokens (B, 1) one by one. With use_cache the prompt is prefilled once and
+        each step feeds one token; when the context is full, the cache restarts from the last half
+        block (without the cache, the context is simply cropped to the last block_size tokens)."""
+        cfg = self.config
+        self.check_ids(idx)
+        cache, seq = None, idx
+        for step in range(max_new_tokens):
+            if not use_cache:
+                logits, _ = self(seq[:, -cfg.block_size:])
+            elif cache is None or cache.pos == cache.max_len:  # prefill; when full, restart from the last half block
+                cache = self.new_cache(idx.size(0), cfg.block_size)
+                logits, _ = self(seq if step == 0 else seq[:, -(cfg.block_size // 2):], cache=cache)
+            else:
+                logits, _ = self(seq[:, -1:], cache=cache)
+            nxt = self.sample_next(logits[:, -1, :], temperature, top_k, generator)
+            seq = torch.cat([seq, nxt], dim=1)
+            yield nxt
+
+    @staticmethod
+    def sample_next(logits, temperature=1.0, top_k=None, generator=None):
+        """(B, |V|) logits -> (B, 1) next tokens: greedy at temperature 0, else top-k sampling."""
+        if temperature == 0:
+            return logits.argmax(dim=-1, keepdim=True)
+        logits = logits / temperature
+        if top_k is not None:
+            kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+
+    def new_cache(self, batch, max_len=None):
+        p = self.wte.weight
+        dtype = torch.get_autocast_dtype(p.device.type) if torch.is_autocast_enabled(p.device.type) else p.dtype
+        return KVCache(self.config, batch, max_len or self.config.block_size, dtype, p.device)
+
+    # -- accounting -----------------------------------------------------------
+
+    @classmethod
+    def meta(cls, config):
+        """The model's shapes without memory: for FLOPs and parameter counts of the paper sizes."""
+        return cls(config, device="meta")
+
+    def num_params(self):
+        """{"dense": all parameters but the value tables, "tables": the value tables' entries}."""
+        tables = sum(p.numel() for p in self.tables.parameters())
+        return {"dense": sum(p.numel() for p in self.parameters()) - tables, "tables": tables}
+
+    def estimate_flops(self):
+        """Training FLOPs per token (forward + backward), nanochat's convention:
+        6 x (weights of the matmuls that run: block matrices and lm_head, a W_V used twice counted twice;
+        not wte, the value tables, the coefficients) + 12 n_head head_dim min(window, T) per layer."""
+        cfg = self.config
+        matmul = self.lm_head.weight.numel()
+        for block in self.blocks:
+            a = block.attn
+            matmul += sum(p.numel() for p in block.parameters() if p.dim() == 2)
+            if a.target and a.source == "x0" and a.mix == "add":
+                matmul += a.c_v.weight.numel()  # W_V applied to both x and x0
+        attn = sum(12 * cfg.n_head * cfg.head_dim * min(w, cfg.block_size) for w in cfg.windows())
+        return 6 * matmul + attn
+
+    def coefficient_values(self):
+        """{layer: {"gamma_v": ..} or {"alpha_v": .., "beta_v": ..}} for the learned coefficients (Fig 2)."""
+        out = {}
+        for i, block in enumerate(self.blocks):
+            vals = {n: getattr(block.attn, n).item() for n in ("gamma_v", "alpha_v", "beta_v") if hasattr(block.attn, n)}
+            if vals:
+                out[i] = vals
+        return out
+
+
+# -----------------------------------------------------------------------------
+
+def describe_presets(size):
+    """One line per variant: target layers, parameters and FLOPs per token at this size."""
+    lines = [f"{'variant':<18} {'targets':<22} {'dense params':>13} {'table params':>13} {'FLOPs/token':>15}"]
+    for name in VARIANTS:
+        cfg = GPTConfig.preset(size, name)
+        m = GPT.meta(cfg)
+        n = m.num_params()
+        targets = ",".join(map(str, cfg.target_layers())) or "-"
+        lines.append(f"{name:<18} {targets:<22} {n['dense']:>13,} {n['tables']:>13,} {m.estimate_flops():>15,}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser(description="List the model presets (sizes x variants) with parameters and FLOPs/token.")
+    ap.add_argument("--size", default="paper_135m", choices=list(SIZES))
+    args = ap.parse_args()
+    print(f"sizes: {', '.join(SIZES)}")
+    print(f"variants: {', '.join(VARIANTS)}\n")
+    print(f"at size {args.size} ({', '.join(f'{k}={v}' for k, v in SIZES[args.size].items())}):")
+    print(describe_presets(args.size))
