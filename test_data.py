@@ -1,0 +1,335 @@
+"""Tests for prepare_data.py: the whole pipeline on a small local corpus, plus Shakespeare.
+Run: python -m pytest -q test_data.py"""
+
+import hashlib
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import prepare_data as pd
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BOS_TEXT_DOC = "a document that mentions <|bos|> and <|endoftext|> as plain text"
+WORDS = ("the", "bank", "of", "values", "naïve", "café", "Zürich", "façade", "ĳssel", "Ελλάδα", "Москва",
+         "東京", "数据", "한국어", "עברית", "العربية", "🚀", "👩‍💻", "🇫🇷", "x²", "½", "—", "“quoted”",
+         "tab\there", "1234567", "3.14159", "e-mail", "don't", "WE'LL", "  ", "\t", "\u00a0", "\r\n")
+
+
+def make_docs(n=48, seed=0):
+    """Deterministic, unique documents with varied Unicode and whitespace."""
+    rng = random.Random(seed)
+    docs = []
+    for i in range(n):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 14))) for _ in range(rng.randint(4, 30))]
+        docs.append(f"doc {i}\n" + "\n".join(lines) + rng.choice(["", "\n", "\n\n", " "]))
+    docs[5] = BOS_TEXT_DOC
+    return docs
+
+
+def write_corpus(root):
+    """Write make_docs() as a .jsonl file, .txt files and a .parquet file; return (glob, docs)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    docs = make_docs()
+    os.makedirs(root / "corpus")
+    with open(root / "corpus" / "a.jsonl", "w", encoding="utf-8") as f:
+        for d in docs[:20]:
+            f.write(json.dumps({"text": d, "id": 1}) + "\n")
+    for i, d in enumerate(docs[20:30]):
+        with open(root / "corpus" / f"b{i}.txt", "w", encoding="utf-8", newline="") as f:
+            f.write(d)
+    pq.write_table(pa.table({"text": docs[30:]}), root / "corpus" / "c.parquet")
+    return str(root / "corpus" / "*"), docs
+
+
+def prep(*args):
+    """Run the CLI in-process; return the exit message (None on success)."""
+    try:
+        pd.main([str(a) for a in args])
+    except SystemExit as e:
+        return e.code
+    return None
+
+
+def snapshot(d):
+    """{file name: (mtime_ns, sha256)} of everything in dir d."""
+    out = {}
+    for name in sorted(os.listdir(d)):
+        with open(os.path.join(d, name), "rb") as f:
+            out[name] = (os.stat(os.path.join(d, name)).st_mtime_ns, hashlib.sha256(f.read()).hexdigest())
+    return out
+
+
+def split_docs(data_dir, split):
+    """Decode the documents of a split: [[token ids of doc], ...] split at bos."""
+    meta = pd.load_meta(data_dir)
+    docs = []
+    for shard in pd.load_tokens(data_dir, split):
+        assert shard[0] == meta["bos_id"]  # shards hold whole documents
+        starts = np.flatnonzero(shard == meta["bos_id"])
+        docs += [shard[a + 1:b] for a, b in zip(starts, list(starts[1:]) + [len(shard)])]
+    return docs
+
+
+FILES_ARGS = ("--vocab_size", 512, "--val_tokens", 3000, "--shard_tokens", 4000)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("c")
+    pattern, docs = write_corpus(root)
+    out = root / "data"
+    assert prep("--source", "files:" + pattern, "--out_dir", out, *FILES_ARGS) is None
+    return pattern, docs, str(out)
+
+
+# -----------------------------------------------------------------------------
+# the pipeline on local files
+
+def test_tokenizer_roundtrip_unicode(corpus):
+    _, docs, out = corpus
+    tok = pd.load_tokenizer(out)
+    meta = pd.load_meta(out)
+    assert tok.vocab_size == meta["vocab_size"] == 512 and tok.bos_id == 511 == meta["bos_id"]
+    samples = docs + ["", "héllo wörld", "日本語のテキスト、中文文本", "emoji 🧪🚀👩‍💻 and flags 🇯🇵",
+                      "tabs\tand\nnewlines\r\n\n\n  indented", "\x00 control \x7f chars", "<|bos|>", "ﬁ ligature"]
+    for s in samples:
+        ids = tok.encode(s)
+        assert tok.bos_id not in ids
+        assert tok.decode(ids) == s
+        assert tok.decode(np.array(ids, dtype=np.uint16)) == s
+
+
+def test_documents_bos_and_disjoint_split(corpus):
+    _, docs, out = corpus
+    meta = pd.load_meta(out)
+    tok = pd.load_tokenizer(out)
+    got = {}
+    for split in ("train", "val"):
+        tokens = pd.load_tokens(out, split)
+        assert all(t.dtype == np.uint16 for t in tokens)
+        assert sum(len(t) for t in tokens) == meta[split + "_tokens"]
+        assert sum(int((t == tok.bos_id).sum()) for t in tokens) == meta[split + "_docs"]
+        got[split] = [tok.decode(d) for d in split_docs(out, split)]
+    assert len(meta["train_shards"]) > 1  # --shard_tokens 4000 splits the training data
+    assert meta["val_tokens"] >= 3000 and meta["val_docs"] < len(docs) / 2
+    assert not set(got["train"]) & set(got["val"])
+    assert sorted(got["train"] + got["val"]) == sorted(docs)  # every document once, whole
+    assert BOS_TEXT_DOC in got["train"] + got["val"]
+
+
+def test_tokenizer_never_sees_validation_text(tmp_path, monkeypatch):
+    import rustbpe
+    pattern, docs = write_corpus(tmp_path)
+    seen = []
+
+    real = rustbpe.Tokenizer
+
+    class Spy:  # records what the tokenizer is trained on
+        def __init__(self):
+            self.bpe = real()
+
+        def train_from_iterator(self, texts, *a, **k):
+            texts = list(texts)
+            seen.extend(texts)
+            return self.bpe.train_from_iterator(iter(texts), *a, **k)
+
+        def get_mergeable_ranks(self):
+            return self.bpe.get_mergeable_ranks()
+    monkeypatch.setattr(rustbpe, "Tokenizer", Spy)
+    out = tmp_path / "s"
+    assert prep("--source", "files:" + pattern, "--out_dir", out, *FILES_ARGS) is None
+    tok = pd.load_tokenizer(out)
+    val = {tok.decode(d) for d in split_docs(out, "val")}
+    train = {tok.decode(d) for d in split_docs(out, "train")}
+    assert seen and not set(seen) & val and set(seen) <= train
+
+
+def test_token_bytes_sum_to_corpus_bytes(corpus):
+    _, docs, out = corpus
+    meta = pd.load_meta(out)
+    tb = pd.load_token_bytes(out)
+    assert tb.shape == (meta["vocab_size"],) and tb.dtype == np.int32 and tb[meta["bos_id"]] == 0
+    assert tb[:256].tolist() == [1] * 256  # the byte tokens
+    total = 0
+    for split in ("train", "val"):
+        for t in pd.load_tokens(out, split):
+            total += int(tb[t[t != meta["bos_id"]]].sum())
+    assert total == sum(len(d.encode("utf-8")) for d in docs)
+
+
+def test_shard_header_layout(corpus):
+    """Other scripts may read shards by the documented layout: 24-byte header, then the ids."""
+    _, _, out = corpus
+    meta = pd.load_meta(out)
+    s = meta["train_shards"][0]
+    path = os.path.join(out, s["file"])
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"BOVTOKS\x00"
+    assert np.frombuffer(head[8:16], "<u4").tolist() == [1, 2]  # version, bytes per token
+    assert int(np.frombuffer(head[16:24], "<u8")[0]) == s["tokens"]
+    raw = np.memmap(path, dtype="<u2", mode="r", offset=24)
+    assert np.array_equal(raw, pd.load_tokens(out, "train")[0])
+
+
+def test_rerun_is_idempotent(corpus):
+    pattern, _, out = corpus
+    before = snapshot(out)
+    t0 = time.time()
+    assert prep("--source", "files:" + pattern, "--out_dir", out, *FILES_ARGS) is None
+    assert time.time() - t0 < 5
+    assert snapshot(out) == before
+
+
+def test_other_arguments_are_refused(corpus):
+    pattern, _, out = corpus
+    before = snapshot(out)
+    msg = prep("--source", "files:" + pattern, "--out_dir", out, "--vocab_size", 600, "--val_tokens", 3000)
+    assert "vocab_size" in msg and "--force" in msg and "\n" not in msg
+    assert snapshot(out) == before
+
+
+def test_interrupted_run_resumes(tmp_path, monkeypatch):
+    pattern, _ = write_corpus(tmp_path)
+    args = ("--source", "files:" + pattern, *FILES_ARGS)
+    assert prep(*args, "--out_dir", tmp_path / "clean") is None
+    n_shards = len(pd.load_meta(tmp_path / "clean")["train_shards"]) + len(pd.load_meta(tmp_path / "clean")["val_shards"])
+
+    calls = []
+    write_shard = pd.write_shard
+
+    def dies_on_third(path, tokens):  # like a kill -9 in the middle of the third shard
+        calls.append(path)
+        if len(calls) == 3:
+            with open(path + ".tmp", "wb") as f:
+                f.write(b"half a shard")
+            raise KeyboardInterrupt
+        write_shard(path, tokens)
+    monkeypatch.setattr(pd, "write_shard", dies_on_third)
+    out = tmp_path / "resumed"
+    assert "resume" in prep(*args, "--out_dir", out)
+    with pytest.raises(pd.DataError, match="incomplete"):
+        pd.load_meta(out)
+
+    calls.clear()
+    monkeypatch.setattr(pd, "write_shard", lambda path, tokens: (calls.append(path), write_shard(path, tokens)))
+    assert prep(*args, "--out_dir", out) is None
+    assert len(calls) == n_shards - 2  # the two finished shards were kept
+    clean, resumed = snapshot(tmp_path / "clean"), snapshot(out)
+    assert {k: v[1] for k, v in clean.items()} == {k: v[1] for k, v in resumed.items()}  # same names, same bytes
+
+
+def test_damaged_shard_is_detected_and_rebuilt(tmp_path):
+    pattern, _ = write_corpus(tmp_path)
+    args = ("--source", "files:" + pattern, "--out_dir", tmp_path / "d", *FILES_ARGS)
+    assert prep(*args) is None
+    out = str(tmp_path / "d")
+    good = snapshot(out)
+    shard = os.path.join(out, pd.load_meta(out)["train_shards"][1]["file"])
+    with open(shard, "r+b") as f:
+        f.truncate(os.path.getsize(shard) - 10)
+    with pytest.raises(pd.DataError) as e:
+        pd.load_tokens(out, "train")
+    msg = str(e.value)
+    assert shard in msg and "truncated" in msg and "prepare_data.py" in msg and "\n" not in msg
+    pd.load_tokens(out, "val")  # the other split still loads
+
+    with open(shard, "r+b") as f:
+        f.write(b"NOTASHRD")
+    with pytest.raises(pd.DataError, match="corrupt"):
+        pd.load_tokens(out, "train")
+
+    assert prep(*args) is None  # rebuilds the damaged shard (and those after it)
+    assert {k: v[1] for k, v in snapshot(out).items()} == {k: v[1] for k, v in good.items()}
+
+
+# -----------------------------------------------------------------------------
+# failures: one clear line, fast, nothing written
+
+def closed_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.mark.parametrize("source,offline", [("climbmix", "dead endpoint"), ("hf:roneneldan/TinyStories", "HF_HUB_OFFLINE")])
+def test_hub_offline_cli(tmp_path, source, offline):
+    """The real CLI, as a user runs it: one line on stderr, no traceback, no output dir."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_ENDPOINT", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    if offline == "dead endpoint":
+        env["HF_ENDPOINT"] = f"http://127.0.0.1:{closed_port()}"
+    else:
+        env["HF_HUB_OFFLINE"] = "1"
+    out = tmp_path / "x"
+    t0 = time.time()
+    r = subprocess.run([sys.executable, os.path.join(HERE, "prepare_data.py"), f"--source={source}", "--out_dir", str(out)],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert time.time() - t0 < 10
+    assert r.returncode != 0
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert "hub" in r.stderr and "shakespeare" in r.stderr.lower() and "files:" in r.stderr
+    assert not out.exists()
+
+
+def test_hub_check_times_out_fast(tmp_path, monkeypatch):
+    """A hub that never answers (or a DNS lookup that hangs) still fails within seconds."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: time.sleep(60))
+    t0 = time.time()
+    msg = prep("--source", "climbmix", "--out_dir", tmp_path / "x")
+    assert time.time() - t0 < 10
+    assert "unreachable" in msg and "\n" not in msg
+    assert not (tmp_path / "x").exists()
+
+
+def test_gpt2_tokenizer_offline(tmp_path, monkeypatch):
+    pattern, _ = write_corpus(tmp_path)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty_cache"))
+
+    def offline(*a, **k):
+        raise OSError("network is unreachable")
+    monkeypatch.setattr(socket, "create_connection", offline)
+    t0 = time.time()
+    msg = prep("--source", "files:" + pattern, "--tokenizer", "gpt2", "--out_dir", tmp_path / "g")
+    assert time.time() - t0 < 10
+    assert "gpt2" in msg and "cache" in msg and "unreachable" in msg and "\n" not in msg
+    assert not (tmp_path / "g").exists()
+
+
+def test_bad_input_is_one_line(tmp_path):
+    assert "unknown --source" in prep("--source", "nope", "--out_dir", tmp_path / "a")
+    assert "no files match" in prep("--source", "files:" + str(tmp_path / "none*.jsonl"), "--out_dir", tmp_path / "a")
+    assert "does not apply" in prep("--val_tokens", 1000, "--out_dir", tmp_path / "a")
+    with pytest.raises(pd.DataError, match="run `python prepare_data.py` first"):
+        pd.load_meta(tmp_path / "a")
+    assert not (tmp_path / "a").exists()
+
+
+# -----------------------------------------------------------------------------
+# the offline default
+
+def test_shakespeare_default(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert prep() is None  # `python prepare_data.py`
+    out = pd.DEFAULT_DATA_DIR
+    meta = pd.load_meta(out)
+    assert meta["source"] == "shakespeare" and meta["vocab_size"] == 4096 and meta["bos_id"] == 4095
+    plays = dict(pd.shakespeare_plays())
+    assert len(plays) == 38 and meta["train_docs"] + meta["val_docs"] == 38
+    tok = pd.load_tokenizer(out)
+    got = {split: [tok.decode(d) for d in split_docs(out, split)] for split in ("train", "val")}
+    assert sorted(got["val"]) == sorted(plays[name] for name in pd.VAL_PLAYS)  # whole plays, exactly
+    assert sorted(got["train"]) == sorted(t for name, t in plays.items() if name not in pd.VAL_PLAYS)
+    assert got["val"][0].startswith("# ") and "  \n" not in got["val"][0]  # a title; hard-break spaces gone
+    assert 1_000_000 < meta["train_tokens"] < 2_000_000
