@@ -396,6 +396,59 @@ class Block(nn.Module):
         return x + self.mlp(norm(x))
 
 
+
+class TableOffload:
+    """Value tables kept in host memory (pinned on CUDA) while the rest of the model runs on `device`.
+
+    BoV's lookup needs only token ids, which are known before the forward pass reaches a table
+    layer (Section 4). So `prefetch(ids)` copies the rows of the ids not yet on the device, for all
+    tables at once, into a device-side row cache keyed by token id, and `rows(t, ids)` gathers from
+    that cache. Each distinct token's rows cross once per `reset()` (once per generated sequence);
+    the row cache grows to the number of distinct ids seen, never to the whole vocabulary up front.
+    """
+
+    def __init__(self, tables, device):
+        self.device = torch.device(device)
+        self.pin = self.device.type == "cuda"
+        self.host = torch.stack([t.detach() for t in tables])   # (n_tables, |V|, C) in host memory
+        if self.pin:
+            self.host = self.host.pin_memory()
+        n, V, C = self.host.shape
+        self.cache = torch.empty(n, 0, C, dtype=self.host.dtype, device=self.device)  # (n_tables, rows, C)
+        self.slot = torch.full((V,), -1, dtype=torch.long, device=self.device)        # token id -> row of cache
+        self.rows_fetched = 0   # (token, table) rows copied host -> device
+        self.bytes_moved = 0
+        self.reset()
+
+    def reset(self):
+        self.slot.fill_(-1)
+        self.used = 0
+
+    def prefetch(self, ids):
+        """Make sure every id in `ids` has its rows on the device."""
+        wanted = ids.unique()
+        missing = wanted[self.slot[wanted] < 0].cpu().long()
+        k = missing.numel()
+        if k == 0:
+            return
+        if self.used + k > self.cache.size(1):  # grow the row cache (amortised doubling, at most |V| rows)
+            grown = torch.empty(self.host.size(0), min(max(2 * self.cache.size(1), self.used + k), self.host.size(1)),
+                                self.host.size(2), dtype=self.host.dtype, device=self.device)
+            grown[:, :self.used] = self.cache[:, :self.used]
+            self.cache = grown
+        staged = torch.index_select(self.host, 1, missing)  # (n_tables, k, C) gathered on the host
+        if self.pin:
+            staged = staged.pin_memory()
+        self.cache[:, self.used:self.used + k].copy_(staged, non_blocking=True)
+        self.slot[missing.to(self.device)] = torch.arange(self.used, self.used + k, device=self.device)
+        self.used += k
+        self.rows_fetched += k * self.host.size(0)
+        self.bytes_moved += staged.numel() * staged.element_size()
+
+    def rows(self, t, ids):
+        return self.cache[t][self.slot[ids.long()]]
+
+
 # -----------------------------------------------------------------------------
 # The model
 
@@ -489,8 +542,8 @@ class GPT(nn.Module):
         pos = 0 if cache is None else cache.pos
         if cache is not None and cache.ids is not None:
             cache.ids[:, pos:pos + T] = idx
-        if self.offload is not None:
-            self.offload.prefetch(idx)  # bring the rows of new ids over before the trunk needs them
+        if self.offload is not None:  # bring the rows over before the trunk needs them
+            self.offload.prefetch(idx if cache is None else cache.ids[:, :pos + T])
         x0 = norm(self.wte(idx))
         ctx = _Pass(ids=idx, x0=x0, cos=self.cos[pos:pos + T], sin=self.sin[pos:pos + T], pos=pos,
                     rows=self.table_rows, cache=cache)
@@ -506,11 +559,84 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=reduction)
         return logits, (loss.view(B, T) if reduction == "none" else loss)
 
+    def offload_tables(self, device):
+        """Run on `device` with the value tables left in host memory (see TableOffload)."""
+        for name, child in self.named_children():
+            if name != "tables":
+                child.to(device)
+        self.cos, self.sin = self.cos.to(device), self.sin.to(device)
+        if len(self.tables):
+            tables = [t.weight for t in self.tables]
+            self.offload = TableOffload(tables, device)
+        return self
+
     def table_rows(self, t, ids):
         """Rows of value table t for token ids (any shape) -> ids.shape + (C,)."""
         if self.offload is not None:
             return self.offload.rows(t, ids)
         return F.embedding(ids, self.tables[t].weight)
+
+    # -- optimisation -----------------------------------------------------------
+
+    def configure_optimizers(self, matrix_lr=0.02, embedding_lr=0.30, unembedding_lr=0.008, scalar_lr=0.50,
+                             table_lr=0.15, weight_decay=0.28):
+        """The paper's Table 6: Muon (momentum 0.95, Nesterov) on every 2-D block matrix, with decoupled
+        weight decay; AdamW (betas 0.8/0.95, eps 1e-10, no weight decay) on the token embedding, the
+        lm_head, the value tables and the scalar coefficients. As in nanochat, the AdamW rates of the
+        embedding, lm_head and tables are scaled by (n_embd/768)^-0.5. Returns [muon, adamw]; every
+        group has an "initial_lr" for the schedule."""
+        scale = (self.config.n_embd / 768) ** -0.5
+        matrices = [p for p in self.blocks.parameters() if p.dim() == 2]
+        scalars = [p for p in self.blocks.parameters() if p.dim() < 2]
+        adamw_groups = [
+            dict(name="embedding", params=[self.wte.weight], lr=embedding_lr * scale),
+            dict(name="lm_head", params=[self.lm_head.weight], lr=unembedding_lr * scale),
+            dict(name="tables", params=list(self.tables.parameters()), lr=table_lr * scale),
+            dict(name="scalars", params=scalars, lr=scalar_lr),
+        ]
+        adamw_groups = [g for g in adamw_groups if g["params"]]
+        grouped = [id(p) for p in matrices] + [id(p) for g in adamw_groups for p in g["params"]]
+        assert sorted(grouped) == sorted(id(p) for p in self.parameters()), "every parameter in exactly one group"
+        muon = torch.optim.Muon([dict(name="matrices", params=matrices)], lr=matrix_lr, momentum=0.95,
+                                nesterov=True, weight_decay=weight_decay)
+        adamw = torch.optim.AdamW(adamw_groups, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0)
+        for opt in (muon, adamw):
+            for g in opt.param_groups:
+                g["initial_lr"] = g["lr"]
+        return [muon, adamw]
+
+    # -- checkpoints ------------------------------------------------------------
+
+    def save_checkpoint(self, path, **extra):
+        """Write {"model": state_dict, "model_config": config, **extra} to `path` atomically
+        (a temporary file in the same folder, then os.replace): a crash never leaves half a file."""
+        import os
+        from dataclasses import asdict
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        try:
+            torch.save({"model": self.state_dict(), "model_config": asdict(self.config), **extra}, tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+    @classmethod
+    def from_checkpoint(cls, path, device="cpu"):
+        """Load a train.py checkpoint -> (model in eval mode on `device`, checkpoint dict).
+        Raises FileNotFoundError / ValueError with a one-line message for a missing or unreadable file."""
+        import os
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no checkpoint at {path}")
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+            config = GPTConfig(**ckpt["model_config"])
+        except Exception as e:  # truncated file, not a checkpoint, or from another version
+            raise ValueError(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        model = cls(config, device="meta")
+        model.load_state_dict(ckpt["model"], assign=True)
+        model.cos, model.sin = rope_tables(config.block_size, config.head_dim)
+        return model.to(device).eval(), ckpt
 
     # -- generation -----------------------------------------------------------
 
@@ -528,6 +654,8 @@ class GPT(nn.Module):
         block (without the cache, the context is simply cropped to the last block_size tokens)."""
         cfg = self.config
         self.check_ids(idx)
+        if self.offload is not None:
+            self.offload.reset()
         cache, seq = None, idx
         for step in range(max_new_tokens):
             if not use_cache:
@@ -565,9 +693,11 @@ class GPT(nn.Module):
         return cls(config, device="meta")
 
     def num_params(self):
-        """{"dense": all parameters but the value tables, "tables": the value tables' entries}."""
+        """{"dense": all parameters but the value tables, "tables": the value tables' entries,
+        "scaling": the matmul weights (block matrices + lm_head), Table 6's tokens-to-parameters base}."""
         tables = sum(p.numel() for p in self.tables.parameters())
-        return {"dense": sum(p.numel() for p in self.parameters()) - tables, "tables": tables}
+        scaling = self.lm_head.weight.numel() + sum(p.numel() for p in self.blocks.parameters() if p.dim() == 2)
+        return {"dense": sum(p.numel() for p in self.parameters()) - tables, "tables": tables, "scaling": scaling}
 
     def estimate_flops(self):
         """Training FLOPs per token (forward + backward), nanochat's convention:

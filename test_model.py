@@ -333,3 +333,55 @@ def test_bad_configs_raise_value_error(kwargs, message):
     size, variant = kw.pop("size", "cpu"), kw.pop("variant", "baseline")
     with pytest.raises(ValueError, match=message):
         GPTConfig.preset(size, variant, **kw)
+
+
+# ---------------------------------------------------------------------------- host-offloaded tables
+
+@pytest.mark.parametrize("variant", ["bov", "bov_shared_table", "value_embed_gated"])
+def test_offloaded_tables_give_the_same_tokens(variant):
+    cfg = tiny(variant)
+    model = build(cfg)
+    prompt = batch(cfg, B=2, T=30)
+    expected = model.generate(prompt, 150, temperature=0)
+    model.offload_tables("cpu")
+    got = model.generate(prompt, 150, temperature=0)
+    assert torch.equal(got, expected)
+    # every distinct id crossed once, for every table
+    n_tables = len(model.tables)
+    assert model.offload.rows_fetched == got.unique().numel() * n_tables
+    assert model.offload.bytes_moved == model.offload.rows_fetched * cfg.n_embd * 8  # float64
+
+
+# ---------------------------------------------------------------------------- optimisers and checkpoints
+
+def test_optimizer_groups_are_total_with_the_papers_rates():
+    model = GPT(GPTConfig.preset("paper_135m", "t1_r13", n_layer=3, bov_layers=(2,)))
+    muon, adamw = model.configure_optimizers()
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    lrs = {g["name"]: g["lr"] for g in adamw.param_groups}
+    assert lrs == {"embedding": 0.30, "lm_head": 0.008, "scalars": 0.50}
+    assert muon.param_groups[0]["lr"] == 0.02 and muon.param_groups[0]["weight_decay"] == 0.28
+    assert muon.param_groups[0]["nesterov"] and muon.param_groups[0]["momentum"] == 0.95
+    assert all(g["weight_decay"] == 0.0 and g["betas"] == (0.8, 0.95) and g["eps"] == 1e-10 for g in adamw.param_groups)
+    scalars = {id(p) for g in adamw.param_groups if g["name"] == "scalars" for p in g["params"]}
+    assert scalars == {id(model.blocks[2].attn.alpha_v), id(model.blocks[2].attn.beta_v)}
+    # tables at d=192: AdamW rates x (192/768)^-0.5 = 2
+    muon, adamw = GPT(tiny("bov", n_embd=192, n_head=6)).configure_optimizers()
+    lrs = {g["name"]: g["lr"] for g in adamw.param_groups}
+    assert lrs == {"embedding": 0.60, "lm_head": 0.016, "tables": 0.30, "scalars": 0.50}
+
+
+def test_checkpoint_round_trip(tmp_path):
+    model = build(tiny("bov"))
+    path = tmp_path / "ckpt.pt"
+    model.save_checkpoint(str(path), step=7)
+    loaded, ckpt = GPT.from_checkpoint(str(path))
+    assert ckpt["step"] == 7 and loaded.config == model.config
+    idx = batch(model.config)
+    assert torch.equal(loaded(idx)[0], model(idx)[0])
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary file left
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        GPT.from_checkpoint(str(tmp_path / "missing.pt"))
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(ValueError, match="cannot read checkpoint"):
+        GPT.from_checkpoint(str(path))
