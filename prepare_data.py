@@ -200,7 +200,7 @@ def _check_hub():
     """Fail within seconds, with one line, if the Hugging Face hub can't be reached."""
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         if os.environ.get(var, "0").lower() not in ("", "0", "false", "no", "off"):
-            raise DataError(f"the Hugging Face hub is off ({var} is set); {OFFLINE_HINT}")
+            raise DataError(f"the Hugging Face hub is unreachable ({var} is set); {OFFLINE_HINT}")
     url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
     if not _reachable(host, port):
@@ -235,9 +235,10 @@ def shakespeare_plays():
 
 
 class Source:
-    """Rows of one source. is_val_candidate(i) says which rows may go to val; val takes the
-    candidates from the start until it has val_tokens (None: all candidates), train gets the
-    rest. The tokenizer trains only on rows that are never val candidates."""
+    """The rows of one source (spec checked by resolve_config). is_val_candidate(i) says which
+    rows may go to val; val takes the candidates from the start until it has val_tokens (None:
+    all of them), train gets the rest. The tokenizer trains only on rows that are never val
+    candidates. Resuming re-reads a stream from its start and skips the rows already done."""
 
     def __init__(self, spec, column, hf_split):
         self.spec, self.column, self.hf_split = spec, column, hf_split
@@ -249,16 +250,13 @@ class Source:
             if not self.hf_name:
                 raise DataError("--source=hf:NAME needs a dataset name, e.g. hf:roneneldan/TinyStories")
             _check_hub()
-        elif spec.startswith("files:"):
-            self.paths = sorted(glob.glob(os.path.expanduser(spec[6:]), recursive=True))
-            self.paths = [p for p in self.paths if os.path.isfile(p)]
+        else:  # files:GLOB
+            self.paths = sorted(p for p in glob.glob(os.path.expanduser(spec[6:]), recursive=True) if os.path.isfile(p))
             if not self.paths:
                 raise DataError(f"no files match {spec[6:]!r}")
             bad = [p for p in self.paths if not p.endswith((".txt", ".md", ".jsonl", ".parquet"))]
             if bad:
                 raise DataError(f"{bad[0]}: unsupported file type (use .txt/.md, .jsonl or .parquet)")
-        else:
-            raise DataError(f"unknown --source {spec!r}; use shakespeare, climbmix, hf:NAME[:CONFIG] or files:GLOB")
 
     def is_val_candidate(self, i):
         if self.spec == "shakespeare":

@@ -251,6 +251,45 @@ def test_damaged_shard_is_detected_and_rebuilt(tmp_path):
     assert {k: v[1] for k, v in snapshot(out).items()} == {k: v[1] for k, v in good.items()}
 
 
+def test_hf_source_reads_like_files(tmp_path, monkeypatch):
+    """hf:NAME goes through datasets' streaming loader; a local dataset dir needs no network."""
+    pattern, _ = write_corpus(tmp_path)
+    for name in os.listdir(tmp_path / "corpus"):
+        if not name.endswith(".jsonl"):
+            os.remove(tmp_path / "corpus" / name)
+    monkeypatch.setattr(pd, "_check_hub", lambda: None)
+    args = ("--vocab_size", 300, "--val_tokens", 2000)
+    assert prep("--source", "hf:" + str(tmp_path / "corpus"), "--out_dir", tmp_path / "hf", *args) is None
+    assert prep("--source", "files:" + pattern, "--out_dir", tmp_path / "files", *args) is None
+    for split in ("train", "val"):
+        hf, files = pd.load_tokens(tmp_path / "hf", split), pd.load_tokens(tmp_path / "files", split)
+        assert np.array_equal(np.concatenate(hf), np.concatenate(files))
+    assert pd.load_meta(tmp_path / "hf")["train_docs"] + pd.load_meta(tmp_path / "hf")["val_docs"] == 20
+
+
+def test_gpt2_tokenizer_plumbing_and_uint32(tmp_path, monkeypatch):
+    """--tokenizer gpt2 stores tiktoken's ranks with bos <|endoftext|>. The ranks are faked (no
+    network): all 1- and 2-byte tokens, a vocab over 65536, so the shards must be uint32."""
+    import tiktoken_ext.openai_public as openai_public
+    pattern, docs = write_corpus(tmp_path)
+    ranks = [bytes([i]) for i in range(256)] + [bytes([a, b]) for a in range(256) for b in range(256)]
+    fake = {"name": "gpt2", "pat_str": openai_public.r50k_pat_str, "special_tokens": {"<|endoftext|>": len(ranks)},
+            "mergeable_ranks": {b: i for i, b in enumerate(ranks)}}
+    monkeypatch.setattr(openai_public, "gpt2", lambda: fake)
+    monkeypatch.setattr(pd, "_gpt2_cached", lambda: True)
+    out = tmp_path / "g"
+    assert prep("--source", "files:" + pattern, "--tokenizer", "gpt2", "--val_tokens", 3000, "--out_dir", out) is None
+    meta, tok = pd.load_meta(out), pd.load_tokenizer(out)
+    assert meta["tokenizer"] == "gpt2" and meta["bos_token"] == "<|endoftext|>"
+    assert tok.bos_id == meta["bos_id"] == 65792 and tok.vocab_size == meta["vocab_size"] == 65793
+    assert meta["dtype"] == "uint32"
+    tokens = pd.load_tokens(out, "train") + pd.load_tokens(out, "val")
+    assert all(t.dtype == np.uint32 for t in tokens) and max(int(t.max()) for t in tokens) == 65792
+    tb = pd.load_token_bytes(out)
+    assert sum(int(tb[t].sum()) for t in tokens) == sum(len(d.encode()) for d in docs)
+    assert tok.decode(tok.encode(docs[0])) == docs[0]
+
+
 # -----------------------------------------------------------------------------
 # failures: one clear line, fast, nothing written
 
