@@ -210,7 +210,7 @@ def _check_hub():
 def _clean_play(text):
     """Drop Markdown artifacts that carry no text: trailing hard-break spaces and backslash escapes."""
     text = re.sub(r"[ \t]+$", "", text, flags=re.M)
-    return re.sub(r"\\([\[\]\-*_#\\])", r"\1", text)
+    return re.sub(r"\\([!-/:-@[-`{-~])", r"\1", text)  # a backslash before ASCII punctuation
 
 
 def shakespeare_plays():
@@ -551,9 +551,12 @@ def load_state(out_dir, config, force):
             state = json.load(f)
     except (OSError, ValueError) as e:
         raise DataError(f"{path} is unreadable ({e}); pass --force to rebuild {out_dir}")
-    old = state.get("config", {})
-    if state.get("format") != FORMAT or old != config:
-        diff = next((k for k in config if old.get(k) != config[k]), "format")
+    if state.get("format") != FORMAT:
+        raise DataError(f"{out_dir} was prepared in format {state.get('format')}, this code writes {FORMAT}; "
+                        f"pass --force to rebuild it")
+    old = state["config"]
+    if old != config:
+        diff = next(k for k in config if old.get(k) != config[k])
         raise DataError(f"{out_dir} holds data prepared with other arguments ({diff}: {old.get(diff)!r}, "
                         f"now {config[diff]!r}); use another --out_dir or pass --force to rebuild it")
     try:
@@ -588,6 +591,8 @@ def prepare(config, out_dir, force=False):
     if config["tokenizer"] == "gpt2" and state is None:
         tok = gpt2_tokenizer_json()
     os.makedirs(out_dir, exist_ok=True)
+    if state is not None:  # resuming, or repairing a damaged shard: meta.json goes until it is true again
+        _write_json(os.path.join(out_dir, "progress.json"), state)
     _remove(out_dir, ["*.tmp", "meta.json"])
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
@@ -608,10 +613,9 @@ def prepare(config, out_dir, force=False):
     nbytes, seconds = 0, 0.0
     for split in ("val", "train"):
         if not state[split + "_done"]:
-            b, s = encode_split(split, source, enc, state, out_dir, config["shard_tokens"],
-                                config[split + "_tokens"], threads)
-            nbytes, seconds = nbytes + b, seconds + s
-    for split in ("val", "train"):
+            nb, secs = encode_split(split, source, enc, state, out_dir, config["shard_tokens"],
+                                    config[split + "_tokens"], threads)
+            nbytes, seconds = nbytes + nb, seconds + secs
         state[split + "_tokens"] = sum(s["tokens"] for s in state[split + "_shards"])
         state[split + "_docs"] = sum(s["docs"] for s in state[split + "_shards"])
         if state[split + "_docs"] == 0:
@@ -619,7 +623,7 @@ def prepare(config, out_dir, force=False):
                             f"(or a smaller --val_tokens)")
         if config[split + "_tokens"] and state[split + "_tokens"] < config[split + "_tokens"]:
             print(f"note: the source ran out: {split} has {state[split + '_tokens']:,} tokens, "
-                  f"not the {config[split + '_tokens']:,} asked for")
+                  f"not the {config[split + '_tokens']:,} asked for (see --{split}_tokens)")
     meta = {"format": FORMAT, "source": config["source"], "tokenizer": config["tokenizer"],
             "vocab_size": state["vocab_size"], "bos_id": state["bos_id"], "bos_token": tok["bos"],
             "dtype": state["dtype"], "header_bytes": HEADER_BYTES,
