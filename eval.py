@@ -1,0 +1,452 @@
+"""
+CORE: the 21 in-context tasks of DCLM that the paper reports (its Section 5, Tables 2 and 4).
+
+    python eval.py --ckpt out/bov/ckpt.pt                      # all 21 tasks -> out/bov/core_eval.json
+    python eval.py --ckpt out/bov/ckpt.pt --max_per_task 100   # a quick estimate
+    python eval.py --ckpt out/bov/ckpt.pt --tasks arc_easy,squad --bundle ~/eval_bundle
+
+Each task is a file of items in the DCLM eval bundle. A prompt is a few solved examples of the
+same task (drawn with a seed from the task's other items), each followed by a blank line, then
+the item itself; the tokens always start with bos and, past the model's block_size, are cropped
+from the left. Three kinds of task, three ways to score:
+    multiple choice   {"query", "choices", "gold"}: the choice whose tokens have the lowest mean loss
+    schema            {"context_options", "continuation", "gold"}: the context under which the
+                      shared continuation has the lowest mean loss
+    language modeling {"context", "continuation"}: right when the greedy (argmax) prediction
+                      equals every token of the continuation
+Centered accuracy is (acc - r) / (1 - r), with r the task's random baseline from the bundle;
+CORE is the unweighted mean of the centered accuracies of the 21 tasks.
+
+The bundle (nanochat's eval_bundle.zip, unzipped) is a folder holding
+    eval_meta_data.csv    one row per task: "Eval Task" (the label) and "Random baseline" (in %)
+    eval_data/<category>/<task>.jsonl   one JSON item per line (the paths are in TASKS below)
+Without --bundle it is downloaded once into ~/.cache/bov/eval_bundle.
+"""
+
+import argparse
+import csv
+import json
+import os
+import random
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+import zipfile
+from collections import namedtuple
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from model import GPT
+from prepare_data import DataError, load_tokenizer
+
+EVAL_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
+
+# The 21 tasks as DCLM's core config (and nanochat's core.yaml) define them: file in eval_data/,
+# kind, number of few-shot examples, and the text between a question and its answer.
+Task = namedtuple("Task", "path kind shots delimiter")
+ANSWER = "\nAnswer: "
+TASKS = {
+    "jeopardy": Task("world_knowledge/jeopardy_all.jsonl", "lm", 10, ANSWER),
+    "bigbench_qa_wikidata": Task("world_knowledge/bigbench_qa_wikidata.jsonl", "lm", 10, " "),
+    "arc_easy": Task("world_knowledge/arc_easy.jsonl", "mc", 10, ANSWER),
+    "arc_challenge": Task("world_knowledge/arc_challenge.jsonl", "mc", 10, ANSWER),
+    "copa": Task("commonsense_reasoning/copa.jsonl", "mc", 0, " "),
+    "commonsense_qa": Task("commonsense_reasoning/commonsense_qa.jsonl", "mc", 10, " "),
+    "piqa": Task("commonsense_reasoning/piqa.jsonl", "mc", 10, ANSWER),
+    "openbook_qa": Task("commonsense_reasoning/openbook_qa.jsonl", "mc", 0, " "),
+    "lambada_openai": Task("language_understanding/lambada_openai.jsonl", "lm", 0, " "),
+    "hellaswag": Task("language_understanding/hellaswag.jsonl", "mc", 10, " "),
+    "winograd": Task("language_understanding/winograd_wsc.jsonl", "schema", 0, " "),
+    "winogrande": Task("language_understanding/winogrande.jsonl", "schema", 0, " "),
+    "bigbench_dyck_languages": Task("symbolic_problem_solving/bigbench_dyck_languages.jsonl", "lm", 10, " "),
+    "agi_eval_lsat_ar": Task("symbolic_problem_solving/agi_eval_lsat_ar.jsonl", "mc", 3, " "),
+    "bigbench_cs_algorithms": Task("symbolic_problem_solving/bigbench_cs_algorithms.jsonl", "lm", 10, " "),
+    "bigbench_operators": Task("symbolic_problem_solving/bigbench_operators.jsonl", "lm", 10, " "),
+    "bigbench_repeat_copy_logic": Task("symbolic_problem_solving/bigbench_repeat_copy_logic.jsonl", "lm", 10, " "),
+    "squad": Task("reading_comprehension/squad.jsonl", "lm", 10, " "),
+    "coqa": Task("reading_comprehension/coqa.jsonl", "lm", 0, " "),
+    "boolq": Task("reading_comprehension/boolq.jsonl", "mc", 10, ANSWER),
+    "bigbench_language_identification": Task("language_understanding/bigbench_language_identification.jsonl", "mc", 10, " "),
+}
+FIELDS = {"mc": ("query", "choices", "gold"), "schema": ("context_options", "continuation", "gold"),
+          "lm": ("context", "continuation")}
+SUBSET_SEED = 1337   # the shuffle that --max_per_task takes its first items from
+FEWSHOT_SEED = 1234  # item i of the shuffled task draws its examples with Random(FEWSHOT_SEED + i)
+
+
+class EvalError(Exception):
+    """one-line, user-facing problem"""
+
+
+# -----------------------------------------------------------------------------
+# the bundle: a local folder, the cache, or a download into the cache
+
+def cache_dir():
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "bov", "eval_bundle")
+
+
+def bundle_problem(path):
+    """None if path is a bundle folder, else what is missing."""
+    if not os.path.isdir(path):
+        return f"no folder {path}"
+    for name in ("eval_meta_data.csv", "eval_data"):
+        if not os.path.exists(os.path.join(path, name)):
+            return f"{path} has no {name}"
+    return None
+
+
+def get_bundle(path=None):
+    """The bundle folder: `path` (or its eval_bundle/ subfolder), else the cache, downloaded
+    there first if need be (BOV_EVAL_BUNDLE_URL overrides the URL)."""
+    if path is not None:
+        nested = os.path.join(path, "eval_bundle")
+        if bundle_problem(path) and not bundle_problem(nested):
+            return nested
+        if bundle_problem(path):
+            raise EvalError(f"--bundle: {bundle_problem(path)}; expected an unzipped eval_bundle "
+                            f"(eval_meta_data.csv and eval_data/)")
+        return path
+    dest = cache_dir()
+    if not bundle_problem(dest):
+        return dest
+    download_bundle(os.environ.get("BOV_EVAL_BUNDLE_URL", EVAL_BUNDLE_URL), dest)
+    return dest
+
+
+def reachable(url, timeout=5.0):
+    """True if a TCP connection to the URL's host opens within timeout seconds (DNS included)."""
+    u = urllib.parse.urlsplit(url)
+    port = u.port or (443 if u.scheme == "https" else 80)
+    ok = []
+
+    def attempt():
+        try:
+            socket.create_connection((u.hostname, port), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            pass
+    t = threading.Thread(target=attempt, daemon=True)  # a hung DNS lookup cannot hold us
+    t.start()
+    t.join(timeout)
+    return bool(ok)
+
+
+def download_bundle(url, dest):
+    """Download the zip and unpack it into dest. Both steps happen beside dest and end in one
+    rename, so dest is either the whole bundle or absent."""
+    if not reachable(url):
+        raise EvalError(f"the CORE eval bundle is not in {dest} and {urllib.parse.urlsplit(url).hostname} "
+                        f"is unreachable; download {url} elsewhere, unzip it and pass --bundle path/to/eval_bundle")
+    parent = os.path.dirname(dest)
+    os.makedirs(parent, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=".eval_bundle.", dir=parent)
+    try:
+        zpath = os.path.join(work, "eval_bundle.zip")
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r, open(zpath, "wb") as f:
+                total = int(r.headers.get("Content-Length") or 0) or None
+                with tqdm(total=total, unit="B", unit_scale=True, desc="eval_bundle.zip") as bar:
+                    while chunk := r.read(1 << 20):
+                        f.write(chunk)
+                        bar.update(len(chunk))
+            with zipfile.ZipFile(zpath) as z:
+                z.extractall(os.path.join(work, "x"))
+        except (OSError, zipfile.BadZipFile) as e:
+            raise EvalError(f"could not download and unzip {url}: {e}") from None
+        found = [d for d in (os.path.join(work, "x", "eval_bundle"), os.path.join(work, "x"))
+                 if not bundle_problem(d)]
+        if not found:
+            raise EvalError(f"{url} does not hold an eval bundle (eval_meta_data.csv and eval_data/)")
+        try:
+            os.rename(found[0], dest)
+        except OSError:  # another process finished first: keep its copy
+            if bundle_problem(dest):
+                raise
+        print(f"eval bundle ready in {dest}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def load_baselines(bundle):
+    """{task label: random baseline as a fraction} from eval_meta_data.csv."""
+    path = os.path.join(bundle, "eval_meta_data.csv")
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            return {row["Eval Task"].strip(): float(row["Random baseline"]) / 100 for row in csv.DictReader(f)}
+    except (OSError, KeyError, ValueError, TypeError) as e:
+        raise EvalError(f"{path} is unreadable ({type(e).__name__}: {e}); it needs the columns "
+                        f"'Eval Task' and 'Random baseline'") from None
+
+
+def load_task(bundle, label):
+    """The task's items, checked for the fields its kind needs."""
+    task = TASKS[label]
+    path = os.path.join(bundle, "eval_data", task.path)
+    items = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    item = json.loads(line)
+                except ValueError as e:
+                    raise EvalError(f"{path}:{n}: not JSON ({e})") from None
+                missing = [k for k in FIELDS[task.kind] if k not in item]
+                if missing:
+                    raise EvalError(f"{path}:{n}: a {task.kind} item needs {', '.join(missing)}")
+                options = item.get("choices", item.get("context_options"))
+                if task.kind != "lm" and not (isinstance(item["gold"], int) and 0 <= item["gold"] < len(options)):
+                    raise EvalError(f"{path}:{n}: gold {item['gold']!r} is not an index into its {len(options)} options")
+                items.append(item)
+    except OSError as e:
+        raise EvalError(f"cannot read task {label}: {e}") from None
+    if not items:
+        raise EvalError(f"{path} holds no items")
+    return items
+
+
+# -----------------------------------------------------------------------------
+# prompts
+
+def fewshot_indices(n, i, k, seed=FEWSHOT_SEED):
+    """k distinct indices of [0, n) other than i, drawn with Random(seed + i). The same draw as
+    sampling from the list of all the other indices, without building that list."""
+    rng = random.Random(seed + i)
+    return [j + (j >= i) for j in rng.sample(range(n - 1), min(k, n - 1))]
+
+
+def render(task, item, shots):
+    """The prompt texts of an item after its few-shot examples: one per choice (mc), one per
+    context option (schema), or the prompt without and with the continuation (lm)."""
+    d = task.delimiter
+    if task.kind == "mc":
+        head = "".join(f"{s['query']}{d}{s['choices'][s['gold']]}\n\n" for s in shots)
+        return [f"{head}{item['query']}{d}{c}" for c in item["choices"]]
+    if task.kind == "schema":
+        head = "".join(f"{s['context_options'][s['gold']]}{d}{s['continuation']}\n\n" for s in shots)
+        return [f"{head}{c}{d}{item['continuation']}" for c in item["context_options"]]
+    head = "".join(f"{str(s['context']).strip()}{d}{s['continuation']}\n\n" for s in shots)
+    prompt = f"{head}{str(item['context']).strip()}{d}"
+    # stripped, so trailing spaces join the continuation's first token as they do in the full text
+    return [prompt.strip(), f"{prompt}{item['continuation']}"]
+
+
+def common_length(seqs, from_end=False):
+    """Length of the prefix (or suffix) that all the sequences share."""
+    n = min(len(s) for s in seqs)
+    for k in range(n):
+        if len({s[-1 - k] if from_end else s[k] for s in seqs}) > 1:
+            return k
+    return n
+
+
+def encode(task, prompts, tokenizer, max_len):
+    """[(tokens, start, end)] with tokens[start:end] the part of each prompt that is scored:
+    after the choices' shared prefix (mc), the options' shared suffix (schema), or after the
+    prompt without the continuation (lm). Every sequence starts with bos and is cropped from
+    the left to max_len tokens."""
+    toks = [[tokenizer.bos_id] + tokenizer.encode(p) for p in prompts]
+    if task.kind == "mc":
+        start = min(common_length(toks), min(len(t) for t in toks) - 1)  # at least one scored token
+        spans = [(t, start, len(t)) for t in toks]
+    elif task.kind == "schema":
+        n = min(common_length(toks, from_end=True), min(len(t) for t in toks) - 1)
+        spans = [(t, len(t) - n, len(t)) for t in toks]
+    else:
+        without, full = toks
+        start = min(common_length(toks), len(full) - 1)
+        spans = [(full, start, len(full))]
+    out = []
+    for t, s, e in spans:
+        cut = max(0, len(t) - max_len)
+        out.append((t[cut:], max(1, s - cut), e - cut))  # position 0 has no prediction of its own
+    return out
+
+
+# -----------------------------------------------------------------------------
+# scoring
+
+@torch.no_grad()
+def score(model, rows, batch_size, device, pad_id, bar=None):
+    """For rows [(tokens, start, end)]: the mean loss of tokens[start:end] given what precedes
+    them, and whether the argmax prediction equals all of them. Batches rows of similar length,
+    padded on the right (a causal model never sees the padding)."""
+    losses, right = [0.0] * len(rows), [False] * len(rows)
+    order = sorted(range(len(rows)), key=lambda r: -len(rows[r][0]))
+    amp = torch.autocast("cuda", torch.bfloat16) if torch.device(device).type == "cuda" else torch.autocast("cpu", enabled=False)
+    for b in range(0, len(order), batch_size):
+        chunk = order[b:b + batch_size]
+        T = len(rows[chunk[0]][0])
+        idx = torch.full((len(chunk), T), pad_id, dtype=torch.long)
+        scored = torch.zeros(len(chunk), T - 1, dtype=torch.bool)  # position p predicts token p + 1
+        for j, r in enumerate(chunk):
+            t, s, e = rows[r]
+            idx[j, :len(t)] = torch.tensor(t)
+            scored[j, s - 1:e - 1] = True
+        idx, scored = idx.to(device), scored.to(device)
+        with amp:
+            logits, _ = model(idx)
+        logits = logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32, fp64 stays
+        targets = idx[:, 1:]
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none").view_as(targets)
+        mean = (loss * scored).sum(1) / scored.sum(1)
+        ok = ((logits.argmax(-1) == targets) | ~scored).all(1)
+        for j, r in enumerate(chunk):
+            losses[r], right[r] = mean[j].item(), bool(ok[j])
+        if bar is not None:
+            bar.update(len(chunk))
+    return losses, right
+
+
+def evaluate_task(model, tokenizer, label, data, n=None, device="cpu", batch_size=16, bar=None):
+    """Accuracy on the first n items of data (all by default); the few-shot examples of item i
+    come from all of data but item i."""
+    task = TASKS[label]
+    n = len(data) if n is None else min(n, len(data))
+    rows, first = [], []  # rows of item i: rows[first[i]:first[i + 1]]
+    for i in range(n):
+        shots = [data[j] for j in fewshot_indices(len(data), i, task.shots)]
+        first.append(len(rows))
+        rows += encode(task, render(task, data[i], shots), tokenizer, model.config.block_size)
+    first.append(len(rows))
+    if bar is not None:
+        bar.reset(total=len(rows))
+        bar.set_description(label)
+    losses, right = score(model, rows, batch_size, device, tokenizer.bos_id, bar)
+    correct = 0
+    for i in range(n):
+        a, b = first[i], first[i + 1]
+        if task.kind == "lm":
+            correct += right[a]
+        else:  # the option with the lowest mean loss, the first one on a tie
+            correct += min(range(a, b), key=lambda r: losses[r]) - a == data[i]["gold"]
+    return correct / n
+
+
+def check_tasks(tasks):
+    """The task labels as a list (None: all 21); EvalError for an unknown one."""
+    tasks = list(TASKS) if tasks is None else list(tasks)
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        raise EvalError(f"unknown task(s) {', '.join(unknown) or '(none given)'}; the tasks are {', '.join(TASKS)}")
+    return tasks
+
+
+def evaluate_core(model, tokenizer, bundle_dir=None, tasks=None, max_per_task=None, device=None, batch_size=16):
+    """Evaluate model (called as model(idx) -> (logits, _), with model.config.block_size) on the
+    CORE tasks (all 21 by default) of the bundle (None: the cached or downloaded one).
+    max_per_task evaluates the first N items of each task after a fixed shuffle. Returns
+    {"core", "tasks": {label: {"accuracy", "centered", "random_baseline", "items", "shots", "kind"}},
+     "max_per_task", "bundle"}; core is the mean centered accuracy of the tasks evaluated."""
+    tasks = check_tasks(tasks)
+    if max_per_task is not None and max_per_task < 1:
+        raise EvalError(f"max_per_task must be at least 1, got {max_per_task}")
+    bundle = get_bundle(bundle_dir)
+    baselines = load_baselines(bundle)
+    missing = [t for t in tasks if t not in baselines]
+    if missing:
+        raise EvalError(f"{bundle}/eval_meta_data.csv has no random baseline for {', '.join(missing)}")
+    if device is None:
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    was_training = model.training
+    model.eval()
+    results = {}
+    try:
+        with tqdm(desc="CORE", unit="seq", leave=False) as bar:
+            for label in tasks:
+                t0 = time.time()
+                data = load_task(bundle, label)
+                random.Random(SUBSET_SEED).shuffle(data)
+                acc = evaluate_task(model, tokenizer, label, data, max_per_task, device, batch_size, bar)
+                r = baselines[label]
+                results[label] = dict(accuracy=acc, centered=(acc - r) / (1 - r), random_baseline=r,
+                                      items=min(len(data), max_per_task or len(data)),
+                                      shots=TASKS[label].shots, kind=TASKS[label].kind)
+                bar.write(f"{label:<33} accuracy {acc:.4f}  centered {results[label]['centered']:+.4f}  "
+                          f"({results[label]['items']} items, {time.time() - t0:.1f}s)")
+    finally:
+        model.train(was_training)
+    core = sum(v["centered"] for v in results.values()) / len(results)
+    return {"core": core, "tasks": results, "max_per_task": max_per_task, "bundle": os.path.abspath(bundle)}
+
+
+def format_table(result):
+    """The per-task results and CORE as a text table."""
+    lines = [f"{'task':<33} {'kind':<7} {'shots':>5} {'items':>6} {'random':>7} {'accuracy':>9} {'centered':>9}"]
+    for label, v in result["tasks"].items():
+        lines.append(f"{label:<33} {v['kind']:<7} {v['shots']:>5} {v['items']:>6} {v['random_baseline']:>7.3f} "
+                     f"{v['accuracy']:>9.4f} {v['centered']:>+9.4f}")
+    n = len(result["tasks"])
+    name = "CORE" if n == len(TASKS) else f"CORE ({n} of {len(TASKS)} tasks)"
+    if result["max_per_task"]:
+        name += f", at most {result['max_per_task']} items per task"
+    lines.append(f"{name:<74} {result['core']:>+9.4f}")
+    return "\n".join(lines)
+
+
+def write_json(path, obj):
+    """Write obj as JSON to path atomically (a temporary file, then a rename)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def check_device(device):
+    """EvalError, in one line, if tensors cannot be made on device."""
+    try:
+        torch.zeros(1, device=device)
+    except (AssertionError, RuntimeError, NotImplementedError) as e:
+        raise EvalError(f"--device {device} is not usable here: {str(e).splitlines()[0]}") from None
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Evaluate a checkpoint on CORE (21 DCLM tasks); writes core_eval.json beside it.")
+    p.add_argument("--ckpt", required=True, help="checkpoint written by train.py")
+    p.add_argument("--tasks", help=f"comma-separated subset of: {', '.join(TASKS)} (default: all)")
+    p.add_argument("--max_per_task", type=int, help="evaluate at most N items of each task (default: all)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu | cuda | cuda:N | mps")
+    p.add_argument("--bundle", help="unzipped eval_bundle folder (default: ~/.cache/bov/eval_bundle, downloaded once)")
+    p.add_argument("--batch_size", type=int, default=16, help="sequences per forward pass (default 16)")
+    args = p.parse_args(argv)
+    if args.batch_size < 1:
+        p.error("--batch_size must be at least 1")
+    try:
+        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+        check_tasks(tasks)
+        check_device(args.device)
+        bundle = get_bundle(args.bundle)  # before the model: fail fast without the data
+        model, ckpt = GPT.from_checkpoint(args.ckpt, args.device)
+        if "data_dir" not in ckpt:
+            raise EvalError(f"{args.ckpt} does not say which data (and tokenizer) it was trained on: no data_dir")
+        tokenizer = load_tokenizer(ckpt["data_dir"])
+        if tokenizer.vocab_size > model.config.vocab_size:
+            raise EvalError(f"the tokenizer of {ckpt['data_dir']} has {tokenizer.vocab_size} tokens, "
+                            f"the model only {model.config.vocab_size}")
+        result = evaluate_core(model, tokenizer, bundle, tasks, args.max_per_task, args.device, args.batch_size)
+    except (EvalError, DataError, FileNotFoundError, ValueError, RuntimeError) as e:
+        sys.exit(f"eval.py: error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
+    except KeyboardInterrupt:
+        sys.exit("eval.py: interrupted")
+    result["ckpt"] = os.path.abspath(args.ckpt)
+    print(format_table(result))
+    out = os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "core_eval.json")
+    write_json(out, result)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

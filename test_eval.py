@@ -1,0 +1,473 @@
+"""Tests for eval.py: scoring of the three task kinds against a model with known predictions,
+few-shot prompts, centered accuracy and CORE, cropping, batching, the bundle (local, cached,
+downloaded, missing) and the CLI end to end on a tiny real model.
+Run: python -m pytest -q test_eval.py"""
+
+import csv
+import http.server
+import json
+import math
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eval as ev
+from model import GPT, GPTConfig
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# ---------------------------------------------------------------------------- fakes
+
+class CharTokenizer:
+    """One token per ASCII character; bos is id 0 (NUL, never in the text)."""
+    bos_id, vocab_size = 0, 128
+
+    def encode(self, text):
+        assert all(0 < ord(c) < 128 for c in text), text
+        return [ord(c) for c in text]
+
+
+class RuleModel(torch.nn.Module):
+    """A model whose every prediction is known. After a letter a-y it expects the next letter;
+    after a space, 'y' if the current line has a '!' so far, else 'a'; after anything else, a
+    space. The expected token gets logit 10, all others 0, so its loss is log(1 + 127 e^-10)
+    (about 0.006) and any other token's about 10."""
+
+    def __init__(self, block_size=4096):
+        super().__init__()
+        self.config = SimpleNamespace(block_size=block_size, vocab_size=128)
+        self.seen = []  # every batch of ids it was called with
+
+    def forward(self, idx):
+        assert idx.dim() == 2 and idx.size(1) <= self.config.block_size
+        self.seen.append(idx.clone())
+        nxt = torch.full((128,), ord(" "))
+        nxt[ord("a"):ord("z")] = torch.arange(ord("b"), ord("z") + 1)
+        nxt = nxt[idx]
+        pos = torch.arange(idx.size(1)).expand_as(idx)
+        last = lambda c: torch.where(idx == ord(c), pos, -1).cummax(1).values
+        bang = last("!") > last("\n")  # a '!' since the last newline
+        nxt = torch.where(idx == ord(" "), torch.where(bang, ord("y"), ord("a")), nxt)
+        return 10.0 * F.one_hot(nxt, 128).float(), None
+
+
+GOOD = math.log(1 + 127 * math.exp(-10))  # loss of the expected token
+BAD = GOOD + 10                            # loss of any other
+
+
+# ---------------------------------------------------------------------------- fixture tasks
+# Every item carries "_right": whether RuleModel must get it right. eval.py ignores extra fields.
+
+def mc_item(i, n_choices, winner, right):
+    """The winner "abcdefgz" has 7 expected tokens and one wrong: mean loss ~1.26, sum ~10.05.
+    Every other choice starts with a wrong token: mean ~10, and "z" has a smaller *sum* (~10.01)
+    than the winner, so a sum-of-losses scorer gets every item backwards."""
+    losers = ["z", "mz", "qq", "zz"][:n_choices - 1]
+    choices = losers[:winner] + ["abcdefgz"] + losers[winner:]
+    gold = winner if right else (winner + 1) % n_choices
+    return {"query": f"question {i}", "choices": choices, "gold": gold, "_right": right}
+
+
+def schema_item(i, winner, right):
+    """Only the option with '!' makes the shared continuation "yz" expected after the space."""
+    options = [f"case {i} said it quietly.", f"case {i} said it!"]
+    if winner == 0:
+        options.reverse()
+    return {"context_options": options, "continuation": "yz", "gold": winner if right else 1 - winner, "_right": right}
+
+
+def lm_item(i, continuation):
+    """After the delimiter the model expects a, b, c, ...: "a" and "abcd" are right, "abd" has
+    its first two tokens right but not the third, "zz" is wrong at once. Trailing spaces of the
+    context are trimmed, so the '.' is followed by the delimiter, which the model expects."""
+    return {"context": f"story {i} is long.  ", "continuation": continuation, "_right": "abcdefghijklmnopqrstuvwxy".startswith(continuation)}
+
+
+def fixture_items(label, n, seed=0):
+    """n items of the task's kind, right or wrong in a seeded pattern."""
+    rng = random.Random(seed)
+    kind = ev.TASKS[label].kind
+    if kind == "mc":
+        sizes = [rng.randint(2, 5) for _ in range(n)]
+        return [mc_item(i, k, rng.randrange(k), rng.random() < 0.6) for i, k in enumerate(sizes)]
+    if kind == "schema":
+        return [schema_item(i, rng.randrange(2), rng.random() < 0.6) for i in range(n)]
+    return [lm_item(i, rng.choice(["abcd", "abcdef", "abd", "zz", "a"])) for i in range(n)]
+
+
+BASELINES = {label: 25.0 for label in ev.TASKS}
+BASELINES.update(copa=50.0, winograd=50.0, winogrande=50.0, squad=0.0, lambada_openai=0.0, jeopardy=0.0,
+                 bigbench_language_identification=9.1)
+
+
+def write_bundle(root, tasks, baselines=BASELINES):
+    """{label: items} -> root/eval_bundle in the DCLM layout; returns its path."""
+    bundle = root / "eval_bundle"
+    for label, items in tasks.items():
+        path = bundle / "eval_data" / ev.TASKS[label].path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(item) + "\n" for item in items), encoding="utf-8")
+    with open(bundle / "eval_meta_data.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["Eval Task", "Task Category", "Task Type", "#shots", "#datapoints", "Random baseline",
+                    "Centered Metric?", "Description"])
+        for label, r in baselines.items():
+            w.writerow([label, "some category", "some type", ev.TASKS[label].shots, 0, r, "", "text, with a comma"])
+    return str(bundle)
+
+
+def expected_accuracy(items, n=None):
+    """The share of "_right" items among the first n after eval.py's fixed shuffle."""
+    items = list(items)
+    random.Random(1337).shuffle(items)
+    items = items[:n or len(items)]
+    return sum(it["_right"] for it in items) / len(items)
+
+
+# ---------------------------------------------------------------------------- scoring
+
+@pytest.mark.parametrize("label", ["copa", "arc_easy", "winograd", "lambada_openai", "squad", "jeopardy"])
+def test_each_kind_scores_exactly_what_the_model_predicts(tmp_path, label):
+    items = fixture_items(label, 40, seed=len(label))
+    assert 0 < expected_accuracy(items) < 1
+    bundle = write_bundle(tmp_path, {label: items})
+    res = ev.evaluate_core(RuleModel(), CharTokenizer(), bundle, tasks=[label], batch_size=7)
+    assert res["tasks"][label]["accuracy"] == pytest.approx(expected_accuracy(items), abs=1e-12)
+    assert res["tasks"][label]["items"] == 40 and res["tasks"][label]["shots"] == ev.TASKS[label].shots
+
+
+def test_multiple_choice_uses_the_mean_loss_not_the_sum():
+    task = ev.TASKS["copa"]
+    rows = ev.encode(task, ev.render(task, mc_item(0, 2, 0, True), []), CharTokenizer(), 4096)
+    losses, _ = ev.score(RuleModel(), rows, 2, "cpu", 0)
+    assert losses[0] == pytest.approx((7 * GOOD + BAD) / 8) and losses[1] == pytest.approx(BAD)
+    sums = [loss * (e - s) for loss, (_, s, e) in zip(losses, rows)]
+    assert sums[1] < sums[0]  # by the sum the wrong choice would win
+
+
+def test_scored_spans_of_each_kind():
+    tok = CharTokenizer()
+    text = lambda row: "".join(map(chr, row[0][row[1]:row[2]]))
+    mc = ev.encode(ev.TASKS["arc_easy"], ["Q\nAnswer: abc", "Q\nAnswer: abd", "Q\nAnswer: x"], tok, 99)
+    assert [text(r) for r in mc] == ["abc", "abd", "x"]  # after the prefix all choices share
+    schema = ev.encode(ev.TASKS["winograd"], ["he ran! yz", "she sat. yz"], tok, 99)
+    assert [text(r) for r in schema] == [" yz", " yz"]
+    (lm,) = ev.encode(ev.TASKS["squad"], ["ctx", "ctx abc"], tok, 99)
+    assert text(lm) == " abc" and lm[0][0] == 0  # bos first
+    for row in mc + schema + [lm]:
+        assert row[0][0] == tok.bos_id
+
+
+def test_language_modeling_needs_every_token():
+    task = ev.TASKS["lambada_openai"]
+    model = RuleModel()
+    for cont, right in (("abcd", True), ("abd", False), ("zz", False), ("a", True)):
+        rows = ev.encode(task, ev.render(task, {"context": "x.", "continuation": cont}, []), CharTokenizer(), 99)
+        assert ev.score(model, rows, 1, "cpu", 0)[1] == [right]
+
+
+def test_long_prompts_are_cropped_from_the_left_keeping_the_continuation(tmp_path):
+    items = fixture_items("squad", 30, seed=3)  # 10-shot prompts of ~250 characters
+    bundle = write_bundle(tmp_path, {"squad": items})
+    model = RuleModel(block_size=40)
+    res = ev.evaluate_core(model, CharTokenizer(), bundle, tasks=["squad"], batch_size=4)
+    assert res["tasks"]["squad"]["accuracy"] == pytest.approx(expected_accuracy(items))
+    assert max(b.size(1) for b in model.seen) == 40  # cropped, and to exactly the block size
+    # a continuation longer than the block: its last block_size - 1 tokens are scored
+    task = ev.TASKS["lambada_openai"]
+    cont = "abcdefghijklmnopqrstuvwxy"
+    (row,) = ev.encode(task, ev.render(task, {"context": "x.", "continuation": cont}, []), CharTokenizer(), 10)
+    assert len(row[0]) == 10 and row[1:] == (1, 10) and bytes(row[0]).decode() == cont[-10:]
+    assert ev.score(RuleModel(block_size=10), [row], 1, "cpu", 0)[1] == [True]
+
+
+def test_uncropped_prompts_start_with_bos(tmp_path):
+    bundle = write_bundle(tmp_path, {"copa": fixture_items("copa", 10)})
+    model = RuleModel()
+    ev.evaluate_core(model, CharTokenizer(), bundle, tasks=["copa"], batch_size=1)
+    assert len(model.seen) == sum(len(it["choices"]) for it in fixture_items("copa", 10))
+    assert all(b[0, 0].item() == 0 for b in model.seen)
+
+
+def tiny_gpt(vocab_size, block_size, seed=0):
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig.preset("cpu", "bov", n_layer=2, n_embd=48, n_head=4, vocab_size=vocab_size, block_size=block_size))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # random weights everywhere, so that options differ clearly
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 1 / math.sqrt(p.size(1)), generator=g)
+    return model.eval()
+
+
+def test_batched_scores_equal_one_sequence_at_a_time():
+    """Padding, sorting by length and masking change nothing: each row's mean loss and greedy
+    match equal those of an unpadded forward pass with the model's own per-token losses."""
+    model, tok = tiny_gpt(128, 96), CharTokenizer()
+    rows = []
+    for label, n in (("arc_easy", 4), ("winograd", 3), ("squad", 4), ("jeopardy", 3), ("copa", 4)):
+        items = fixture_items(label, n, seed=1)
+        for i in range(n):
+            shots = [items[j] for j in ev.fewshot_indices(n, i, ev.TASKS[label].shots)]
+            rows += ev.encode(ev.TASKS[label], ev.render(ev.TASKS[label], items[i], shots), tok, 96)
+    for text in ("story", "question 12"):  # continuations the model gets right: its own greedy tokens
+        prompt = [tok.bos_id] + tok.encode(text)
+        rows.append((model.generate(torch.tensor([prompt]), 3, temperature=0)[0].tolist(), len(prompt), len(prompt) + 3))
+    assert len({len(t) for t, _, _ in rows}) > 5 and max(len(t) for t, _, _ in rows) == 96  # some cropped
+    losses, right = ev.score(model, rows, 5, "cpu", tok.bos_id)
+    for (t, s, e), loss, ok in zip(rows, losses, right):
+        idx = torch.tensor([t])
+        targets = torch.full_like(idx, -1)
+        targets[0, s - 1:e - 1] = idx[0, s:e]
+        logits, per_token = model(idx, targets, reduction="none")
+        assert loss == pytest.approx(per_token.sum().item() / (e - s), rel=1e-5)
+        assert ok == torch.equal(logits[0, s - 1:e - 1].argmax(-1), idx[0, s:e])
+    assert right[-2:] == [True, True] and not all(right)
+
+
+# ---------------------------------------------------------------------------- few-shot prompts
+
+def test_fewshot_draws_are_seeded_distinct_and_never_the_item():
+    for n, k in ((2, 10), (11, 10), (50, 10), (86, 10), (500, 10), (300, 3), (5000, 25)):
+        for i in (0, 1, n // 2, n - 1):
+            got = ev.fewshot_indices(n, i, k)
+            assert got == ev.fewshot_indices(n, i, k)  # same seed, same draw
+            assert i not in got and len(set(got)) == len(got) == min(k, n - 1) and all(0 <= j < n for j in got)
+            # the same draw as sampling from the explicit list of the other items
+            assert got == random.Random(1234 + i).sample([j for j in range(n) if j != i], min(k, n - 1))
+    assert ev.fewshot_indices(500, 3, 10) != ev.fewshot_indices(500, 4, 10)
+
+
+def prompts_of(label, items):
+    return [ev.render(ev.TASKS[label], items[i], [items[j] for j in ev.fewshot_indices(len(items), i, ev.TASKS[label].shots)])
+            for i in range(len(items))]
+
+
+@pytest.mark.parametrize("label", ["arc_easy", "squad", "jeopardy", "agi_eval_lsat_ar"])
+def test_fewshot_prompts_hold_k_solved_other_items(label):
+    items = fixture_items(label, 30, seed=5)
+    task = ev.TASKS[label]
+    prompts = prompts_of(label, items)
+    assert prompts == prompts_of(label, items)
+    for i, options in enumerate(prompts):
+        blocks = options[-1].split("\n\n")
+        assert len(blocks) == task.shots + 1
+        assert int(blocks[-1].split()[1]) == i  # "question 7 ..." or "story 7 is long."
+        for b in blocks[:-1]:  # each example is another item, solved: its gold answer follows the delimiter
+            n = int(b.split()[1])
+            assert n != i
+            answer = items[n]["choices"][items[n]["gold"]] if task.kind == "mc" else items[n]["continuation"]
+            assert b.endswith(task.delimiter + answer)
+
+
+def test_render_formats():
+    mc = ev.Task("x", "mc", 1, "\nAnswer: ")
+    shot = {"query": "Q1", "choices": ["no", "yes"], "gold": 1}
+    assert ev.render(mc, {"query": "Q2", "choices": ["a", "b"]}, [shot]) == \
+        ["Q1\nAnswer: yes\n\nQ2\nAnswer: a", "Q1\nAnswer: yes\n\nQ2\nAnswer: b"]
+    schema = ev.Task("x", "schema", 1, " ")
+    shot = {"context_options": ["A1", "B1"], "continuation": "c1", "gold": 0}
+    assert ev.render(schema, {"context_options": ["A2", "B2"], "continuation": "c2"}, [shot]) == \
+        ["A1 c1\n\nA2 c2", "A1 c1\n\nB2 c2"]
+    lm = ev.Task("x", "lm", 1, "\nAnswer: ")
+    shot = {"context": "  Q1 ", "continuation": "a1"}
+    assert ev.render(lm, {"context": "Q2  ", "continuation": "a2"}, [shot]) == ["Q1\nAnswer: a1\n\nQ2\nAnswer:", "Q1\nAnswer: a1\n\nQ2\nAnswer: a2"]
+
+
+def test_the_21_tasks_of_the_paper():
+    assert len(ev.TASKS) == 21
+    kinds = {k: sorted(t for t in ev.TASKS if ev.TASKS[t].kind == k) for k in ("mc", "schema", "lm")}
+    assert kinds["schema"] == ["winograd", "winogrande"]
+    assert len(kinds["mc"]) == 10 and len(kinds["lm"]) == 9
+    assert {t: ev.TASKS[t].shots for t in ("arc_easy", "copa", "hellaswag", "agi_eval_lsat_ar", "coqa")} == \
+        {"arc_easy": 10, "copa": 0, "hellaswag": 10, "agi_eval_lsat_ar": 3, "coqa": 0}
+    assert {t for t in ev.TASKS if ev.TASKS[t].delimiter != " "} == {"jeopardy", "arc_easy", "arc_challenge", "piqa", "boolq"}
+
+
+# ---------------------------------------------------------------------------- centered accuracy and CORE
+
+def test_centered_accuracy_and_core(tmp_path):
+    tasks = {"copa": fixture_items("copa", 40, 1), "winograd": fixture_items("winograd", 30, 2),
+             "squad": fixture_items("squad", 25, 3), "arc_challenge": fixture_items("arc_challenge", 20, 4)}
+    baselines = {"copa": 50, "winograd": 60, "squad": 0, "arc_challenge": 25}
+    bundle = write_bundle(tmp_path, tasks, baselines)
+    res = ev.evaluate_core(RuleModel(), CharTokenizer(), bundle, tasks=list(tasks), batch_size=16)
+    centered = []
+    for label, items in tasks.items():
+        acc, r = expected_accuracy(items), baselines[label] / 100
+        got = res["tasks"][label]
+        assert got["accuracy"] == pytest.approx(acc) and got["random_baseline"] == pytest.approx(r)
+        assert got["centered"] == pytest.approx((acc - r) / (1 - r))
+        centered.append((acc - r) / (1 - r))
+    assert res["core"] == pytest.approx(sum(centered) / 4)
+    assert min(centered) < 0 < max(centered)  # below chance centers below zero
+    table = ev.format_table(res)
+    assert "CORE (4 of 21 tasks)" in table and f"{res['core']:+.4f}" in table.splitlines()[-1]
+
+
+def test_max_per_task_takes_the_first_items_of_a_fixed_shuffle(tmp_path):
+    items = fixture_items("copa", 60, 9)
+    bundle = write_bundle(tmp_path, {"copa": items})
+    accs = set()
+    for n in (7, 13, 60, 500):
+        res = ev.evaluate_core(RuleModel(), CharTokenizer(), bundle, tasks=["copa"], max_per_task=n)
+        assert res["tasks"]["copa"]["items"] == min(n, 60) and res["max_per_task"] == n
+        assert res["tasks"]["copa"]["accuracy"] == pytest.approx(expected_accuracy(items, n))
+        accs.add(res["tasks"]["copa"]["accuracy"])
+    assert len(accs) > 1
+
+
+# ---------------------------------------------------------------------------- bad input
+
+def test_bad_tasks_bundles_and_items_are_one_line_errors(tmp_path):
+    model, tok = RuleModel(), CharTokenizer()
+    bundle = write_bundle(tmp_path, {"copa": fixture_items("copa", 3)})
+    cases = [
+        (dict(tasks=["copa", "mmlu"]), "unknown task(s) mmlu"),
+        (dict(tasks=["winograd"]), "cannot read task winograd"),
+        (dict(tasks=["copa"], max_per_task=0), "max_per_task"),
+    ]
+    for kw, msg in cases:
+        with pytest.raises(ev.EvalError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+            ev.evaluate_core(model, tok, bundle, **kw)
+    with pytest.raises(ev.EvalError, match="has no eval_meta_data.csv"):
+        ev.evaluate_core(model, tok, str(tmp_path / "eval_bundle" / "eval_data"), tasks=["copa"])
+    path = tmp_path / "eval_bundle" / "eval_data" / ev.TASKS["copa"].path
+    for line, msg in (('{"query": "q", "choices": ["a"], "gold": 3}', "copa.jsonl:2: gold 3"),
+                      ('{"query": "q", "gold": 0}', "copa.jsonl:2: a mc item needs choices"),
+                      ('{"query": ', "copa.jsonl:2: not JSON")):
+        path.write_text(json.dumps(fixture_items("copa", 1)[0]) + "\n" + line + "\n")
+        with pytest.raises(ev.EvalError, match=msg) as e:
+            ev.evaluate_core(model, tok, bundle, tasks=["copa"])
+        assert "\n" not in str(e.value)
+    write_bundle(tmp_path, {"copa": fixture_items("copa", 3)}, baselines={"winograd": 50})
+    with pytest.raises(ev.EvalError, match="no random baseline for copa"):
+        ev.evaluate_core(model, tok, bundle, tasks=["copa"])
+
+
+def test_bundle_may_be_given_as_the_folder_above_it(tmp_path):
+    bundle = write_bundle(tmp_path, {"copa": fixture_items("copa", 3)})
+    assert ev.get_bundle(str(tmp_path)) == bundle == ev.get_bundle(bundle)
+
+
+# ---------------------------------------------------------------------------- download and cache
+
+def serve(directory):
+    """A loopback HTTP server for directory in a thread; returns (server, base URL, request log)."""
+    log = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, directory=str(directory), **kw)
+
+        def log_message(self, *a):
+            log.append(self.path)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}", log
+
+
+def closed_port_url():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/eval_bundle.zip"
+
+
+def test_download_once_into_the_cache(tmp_path, monkeypatch):
+    bundle = write_bundle(tmp_path / "src", {"copa": fixture_items("copa", 5)})
+    (tmp_path / "www").mkdir()
+    with zipfile.ZipFile(tmp_path / "www" / "eval_bundle.zip", "w") as z:
+        for root, _, files in os.walk(bundle):
+            for f in files:
+                z.write(os.path.join(root, f), os.path.relpath(os.path.join(root, f), tmp_path / "src"))
+    (tmp_path / "www" / "broken.zip").write_bytes(b"PK\x03\x04 not really a zip")
+    server, url, log = serve(tmp_path / "www")
+    try:
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+        monkeypatch.setenv("BOV_EVAL_BUNDLE_URL", url + "/broken.zip")
+        with pytest.raises(ev.EvalError, match="could not download and unzip"):
+            ev.get_bundle()
+        assert os.listdir(tmp_path / "cache" / "bov") == []  # nothing half-made is left
+        monkeypatch.setenv("BOV_EVAL_BUNDLE_URL", url + "/eval_bundle.zip")
+        path = ev.get_bundle()
+        assert path == str(tmp_path / "cache" / "bov" / "eval_bundle") and sorted(os.listdir(tmp_path / "cache" / "bov")) == ["eval_bundle"]
+        res = ev.evaluate_core(RuleModel(), CharTokenizer(), None, tasks=["copa"])
+        assert res["bundle"] == path and res["tasks"]["copa"]["items"] == 5
+        assert log == ["/broken.zip", "/eval_bundle.zip"]  # the second use read the cache
+    finally:
+        server.shutdown()
+
+
+def run_cli(*args, env=None, timeout=120):
+    return subprocess.run([sys.executable, os.path.join(HERE, "eval.py"), *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=HERE)
+
+
+def test_no_bundle_offline_is_one_clear_line_and_fast(tmp_path, monkeypatch):
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "BOV_EVAL_BUNDLE_URL": closed_port_url()}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    t0 = time.time()
+    with pytest.raises(ev.EvalError, match="unreachable.*--bundle"):
+        ev.get_bundle()
+    assert time.time() - t0 < 6
+    r = run_cli("--ckpt", tmp_path / "ckpt.pt", env=env)  # the bundle is checked before the checkpoint
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("eval.py: error:")
+    assert "--bundle" in lines[0] and "unreachable" in lines[0] and "Traceback" not in r.stderr
+    assert not os.path.exists(tmp_path / "cache" / "bov" / "eval_bundle")
+    with pytest.raises(SystemExit, match=f"^eval.py: error: --bundle: no folder {tmp_path / 'nowhere'}; expected an "
+                       r"unzipped eval_bundle \(eval_meta_data.csv and eval_data/\)$"):
+        ev.main(["--ckpt", str(tmp_path / "ckpt.pt"), "--bundle", str(tmp_path / "nowhere")])
+
+
+# ---------------------------------------------------------------------------- end to end
+
+def test_cli_end_to_end_on_a_tiny_real_model(tmp_path):
+    import prepare_data as pd
+    rng = random.Random(0)
+    words = "question story case said it quietly long is abcd the answer yes no a b c".split()
+    (tmp_path / "corpus").mkdir()
+    with open(tmp_path / "corpus" / "c.jsonl", "w") as f:
+        for _ in range(60):
+            f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(80))}) + "\n")
+    data_dir = tmp_path / "data"
+    pd.main(["--source", f"files:{tmp_path}/corpus/*.jsonl", "--out_dir", str(data_dir), "--vocab_size", "300",
+             "--val_tokens", "500"])
+    bundle = write_bundle(tmp_path, {label: fixture_items(label, 4, seed=k) for k, label in enumerate(ev.TASKS)})
+    model = tiny_gpt(300, 128).float()
+    ckpt = tmp_path / "run" / "ckpt.pt"
+    model.save_checkpoint(str(ckpt), data_dir=str(data_dir))
+
+    r = run_cli("--ckpt", ckpt, "--bundle", bundle, "--batch_size", 8)
+    assert r.returncode == 0, r.stderr
+    out = json.loads((tmp_path / "run" / "core_eval.json").read_text())
+    assert sorted(os.listdir(tmp_path / "run")) == ["ckpt.pt", "core_eval.json"]  # no temporary file left
+    assert list(out["tasks"]) == list(ev.TASKS) and out["ckpt"] == str(ckpt)
+    table = r.stdout.splitlines()
+    for label, v in out["tasks"].items():
+        assert v["items"] == 4 and v["accuracy"] * 4 == pytest.approx(round(v["accuracy"] * 4))
+        assert any(line.startswith(label + " ") and f"{v['centered']:+.4f}" in line for line in table)
+    assert out["core"] == pytest.approx(sum(v["centered"] for v in out["tasks"].values()) / 21)
+    assert any(line.startswith("CORE ") and f"{out['core']:+.4f}" in line for line in table)
+
+    # the CLI reports what evaluate_core computes in-process; the model's train/eval mode is restored
+    loaded, _ = GPT.from_checkpoint(str(ckpt))
+    loaded.train()
+    res = ev.evaluate_core(loaded, pd.load_tokenizer(str(data_dir)), bundle, batch_size=8)
+    assert loaded.training
+    assert {k: v["accuracy"] for k, v in res["tasks"].items()} == {k: v["accuracy"] for k, v in out["tasks"].items()}
+    with pytest.raises(SystemExit, match=r"^eval.py: error: unknown task\(s\) nope; the tasks are jeopardy, "):
+        ev.main(["--ckpt", str(ckpt), "--bundle", bundle, "--tasks", "copa,nope"])
