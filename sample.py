@@ -1,0 +1,221 @@
+"""
+Sample from a trained bov model, streaming the text to stdout as the tokens are produced.
+
+    python sample.py --ckpt out/bov/ckpt.pt                                # from <|bos|>: unconditional
+    python sample.py --ckpt out/bov/ckpt.pt --start "ROMEO:" --num_samples 3
+    python sample.py --ckpt out/bov/ckpt.pt --start FILE:prompt.txt --temperature 0
+    python sample.py --ckpt out/bov/ckpt.pt --offload_tables               # value tables stay in host memory
+
+Decoding uses the KV cache of model.py: the prompt is prefilled once, then every step feeds one
+token. A Bank of Values layer caches no V: it keeps only the token ids and gathers gamma_v E_v[ids]
+again at each step (the paper's Section 4, "Inference"). With --offload_tables the tables stay in
+host memory (pinned on CUDA) and only the rows of ids not seen before cross to the device
+("the lookup into E_v requires only the token indices ... only the needed entries are prefetched").
+
+Every prompt starts with <|bos|>, as every training document does. Timings (prefill and decode
+tokens per second) and the offload traffic go to stderr, so stdout holds the text alone.
+"""
+
+import argparse
+import codecs
+import contextlib
+import os
+import sys
+import time
+
+import torch
+
+from model import GPT
+from prepare_data import DataError, load_tokenizer
+
+SEPARATOR = "\n---------------\n"
+
+
+class SampleError(Exception):
+    """one-line, user-facing problem with the arguments"""
+
+
+class TextStream:
+    """Write token ids as text the moment they arrive. Token bytes go through an incremental UTF-8
+    decoder, so a character whose bytes span several tokens is written once, whole, when its last
+    byte arrives (decoding token by token would write replacement characters instead)."""
+
+    def __init__(self, tokenizer, out):
+        self.enc, self.out = tokenizer.enc, out
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def token_bytes(self, i):
+        try:
+            return self.enc.decode_single_token_bytes(i)
+        except KeyError:  # an id the model knows but the tokenizer does not (padded vocabulary)
+            return "\ufffd".encode()
+
+    def write(self, ids):
+        text = self.utf8.decode(b"".join(self.token_bytes(int(i)) for i in ids))
+        if text:
+            self.out.write(text)
+            self.out.flush()
+
+    def close(self):
+        self.out.write(self.utf8.decode(b"", final=True))
+        self.utf8.reset()
+        self.out.flush()
+
+
+def read_prompt(start):
+    """--start text, or the contents of the file after FILE:"""
+    if not start.startswith("FILE:"):
+        return start
+    path = start[len("FILE:"):]
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SampleError(f"cannot read the prompt file {path}: {e.strerror if isinstance(e, OSError) else e}") from None
+
+
+def encode_prompt(tokenizer, text, block_size):
+    """<|bos|> + the tokens of text; longer than block_size -> the last block_size tokens and a warning."""
+    ids = [tokenizer.bos_id] + tokenizer.encode(text)
+    if len(ids) > block_size:
+        print(f"sample.py: warning: the prompt has {len(ids)} tokens (with <|bos|>), more than the model's "
+              f"context of {block_size}; keeping the last {block_size}", file=sys.stderr)
+        ids = ids[-block_size:]
+    return ids
+
+
+def autocast(device, dtype):
+    """The mixed-precision context for --dtype: autocast for bfloat16/float16, nothing for float32."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
+
+
+def resolve_dtype(name, device):
+    if name == "auto":
+        if torch.device(device).type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def check_device(device):
+    try:
+        torch.zeros(1, device=device)
+    except (AssertionError, RuntimeError, NotImplementedError) as e:
+        raise SampleError(f"--device {device} is not usable here: {str(e).splitlines()[0]}") from None
+
+
+def load(ckpt_path, device, data_dir=None, offload_tables=False):
+    """(model in eval mode, tokenizer) for a train.py checkpoint. With offload_tables the model runs
+    on `device` and its value tables stay in host memory (model.offload_tables)."""
+    model, ckpt = GPT.from_checkpoint(ckpt_path, "cpu" if offload_tables else device)
+    if offload_tables:
+        model.offload_tables(device)
+    data_dir = data_dir or ckpt.get("data_dir")
+    if not data_dir:
+        raise SampleError(f"{ckpt_path} does not say which data (and tokenizer) it was trained on; pass --data_dir")
+    tokenizer = load_tokenizer(data_dir)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise SampleError(f"the tokenizer of {data_dir} has {tokenizer.vocab_size} tokens, the model only {model.config.vocab_size}")
+    return model, tokenizer
+
+
+def generate(model, tokenizer, prompt_ids, args, generator, out):
+    """Stream one sample (the prompt, then each new token) to `out`; return (prompt tokens, prefill
+    seconds, decoded tokens, decode seconds). The first new token comes out of the prefill, every
+    later one out of a one-token decode step."""
+    stream = TextStream(tokenizer, out)
+    stream.write(prompt_ids[1:] if prompt_ids[0] == tokenizer.bos_id else prompt_ids)
+    idx = torch.tensor([prompt_ids], dtype=torch.long, device=args.device)
+    t0 = time.perf_counter()
+    t_first, n = None, 0
+    for tok in model.stream(idx, args.max_new_tokens, args.temperature, args.top_k, use_cache=True, generator=generator):
+        stream.write(tok[0].tolist())  # .tolist() waits for the device: the timings are real
+        n += 1
+        if t_first is None:
+            t_first = time.perf_counter()
+    t_end = time.perf_counter()
+    stream.close()
+    if t_first is None:
+        return len(prompt_ids), 0.0, 0, 0.0
+    return len(prompt_ids), t_first - t0, n - 1, t_end - t_first
+
+
+def rate(tokens, seconds):
+    return f"{tokens / seconds:,.1f} tok/s" if seconds > 0 and tokens else "n/a"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description="Sample text from a bov checkpoint, streamed to stdout; timings go to stderr.",
+        epilog="A prompt longer than the model's context (block_size tokens, <|bos|> included) is cropped "
+               "to its last block_size tokens, with a warning. Generation past the context goes on: when "
+               "the cache is full it restarts from the last half block.")
+    p.add_argument("--ckpt", required=True, help="checkpoint written by train.py (e.g. out/bov/ckpt.pt)")
+    p.add_argument("--data_dir", help="prepared-data folder whose tokenizer to use (default: the one in the checkpoint)")
+    p.add_argument("--start", default="", help="prompt text, or FILE:path to read it from a file; "
+                   "<|bos|> is always put first (default: empty, i.e. <|bos|> alone)")
+    p.add_argument("--num_samples", type=int, default=1, help="samples drawn one after the other (default 1)")
+    p.add_argument("--max_new_tokens", type=int, default=256, help="tokens generated per sample (default 256)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; 1 = the model's distribution (default 0.8)")
+    p.add_argument("--top_k", type=int, default=200, help="sample from the k most likely tokens only; 0 = all (default 200)")
+    p.add_argument("--seed", type=int, default=1337, help="seed of the sampling generator (default 1337)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu | cuda | cuda:N | mps")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="autocast dtype; auto = bfloat16 (float16 without bf16) on CUDA, float32 elsewhere")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model with dynamic shapes (the "
+                   "cached context grows every step); the first steps are slow while it compiles")
+    p.add_argument("--offload_tables", action="store_true", help="keep the value tables in host memory and fetch "
+                   "the rows of new token ids to the device ahead of the layer; reports rows and bytes moved")
+    args = p.parse_args(argv)
+    for name, low in (("num_samples", 1), ("max_new_tokens", 0), ("top_k", 0)):
+        if getattr(args, name) < low:
+            p.error(f"--{name} must be at least {low}, got {getattr(args, name)}")
+    if not args.temperature >= 0:  # also refuses nan
+        p.error(f"--temperature must be >= 0, got {args.temperature}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        check_device(args.device)
+        dtype = resolve_dtype(args.dtype, args.device)
+        model, tokenizer = load(args.ckpt, args.device, args.data_dir, args.offload_tables)
+        ids = encode_prompt(tokenizer, read_prompt(args.start), model.config.block_size)
+    except (SampleError, DataError, FileNotFoundError, ValueError) as e:
+        sys.exit(f"sample.py: error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
+    cfg = model.config
+    if args.offload_tables and not len(model.tables):
+        print("sample.py: note: this model has no value tables; --offload_tables changes nothing", file=sys.stderr)
+    if args.compile:
+        model.compile(dynamic=True)
+    args.top_k = args.top_k or None
+    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    print(f"sample.py: {cfg.n_layer} layers, d={cfg.n_embd}, vocab {cfg.vocab_size}, context {cfg.block_size}; "
+          f"layers without a V cache: {', '.join(map(str, cfg.v_free_layers())) or 'none'}; "
+          f"KV cache {cfg.kv_cache_bytes(1, 1, dtype):,} bytes/token; "
+          f"{dtype} on {args.device}", file=sys.stderr)
+    totals = [0, 0.0, 0, 0.0]
+    try:
+        with torch.no_grad(), autocast(args.device, dtype):
+            for k in range(args.num_samples):
+                if k:
+                    sys.stdout.write(SEPARATOR)
+                totals = [a + b for a, b in zip(totals, generate(model, tokenizer, ids, args, generator, sys.stdout))]
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        print("sample.py: interrupted", file=sys.stderr)
+    n_prompt, t_prefill, n_decode, t_decode = totals
+    print(f"sample.py: prefill {n_prompt} tokens at {rate(n_prompt, t_prefill)}; "
+          f"decode {n_decode} tokens at {rate(n_decode, t_decode)}", file=sys.stderr)
+    if model.offload is not None:
+        print(f"sample.py: offload: {model.offload.rows_fetched:,} table rows fetched, "
+              f"{model.offload.bytes_moved:,} bytes moved host -> {args.device}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
