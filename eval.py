@@ -24,6 +24,7 @@ Without --bundle it is downloaded once into ~/.cache/bov/eval_bundle.
 """
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -116,6 +117,8 @@ def get_bundle(path=None):
     dest = cache_dir()
     if not bundle_problem(dest):
         return dest
+    if os.path.exists(dest):
+        raise EvalError(f"{bundle_problem(dest)}; delete {dest} to download the bundle again")
     download_bundle(os.environ.get("BOV_EVAL_BUNDLE_URL", EVAL_BUNDLE_URL), dest)
     return dest
 
@@ -166,9 +169,9 @@ def download_bundle(url, dest):
             raise EvalError(f"{url} does not hold an eval bundle (eval_meta_data.csv and eval_data/)")
         try:
             os.rename(found[0], dest)
-        except OSError:  # another process finished first: keep its copy
+        except OSError as e:  # fine if another process has just put a whole bundle there
             if bundle_problem(dest):
-                raise
+                raise EvalError(f"could not move the bundle to {dest}: {e}") from None
         print(f"eval bundle ready in {dest}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -185,6 +188,20 @@ def load_baselines(bundle):
                         f"'Eval Task' and 'Random baseline'") from None
 
 
+def item_problem(kind, item):
+    """None if item has the fields of its kind, with the right types, else what is wrong."""
+    if not isinstance(item, dict) or any(k not in item for k in FIELDS[kind]):
+        return f"a {kind} item needs the fields {', '.join(FIELDS[kind])}"
+    texts = {k: item[k] for k in ("query", "context", "continuation") if k in FIELDS[kind]}
+    options = item.get("choices" if kind == "mc" else "context_options", [])
+    if not all(isinstance(v, str) for v in texts.values()) or not isinstance(options, list) \
+            or not all(isinstance(o, str) for o in options):
+        return f"the fields {', '.join(FIELDS[kind])} must be text (options a list of text)"
+    if kind != "lm" and not (isinstance(item["gold"], int) and 0 <= item["gold"] < len(options)):
+        return f"gold {item['gold']!r} is not an index into its {len(options)} options"
+    return None
+
+
 def load_task(bundle, label):
     """The task's items, checked for the fields its kind needs."""
     task = TASKS[label]
@@ -199,12 +216,9 @@ def load_task(bundle, label):
                     item = json.loads(line)
                 except ValueError as e:
                     raise EvalError(f"{path}:{n}: not JSON ({e})") from None
-                missing = [k for k in FIELDS[task.kind] if k not in item]
-                if missing:
-                    raise EvalError(f"{path}:{n}: a {task.kind} item needs {', '.join(missing)}")
-                options = item.get("choices", item.get("context_options"))
-                if task.kind != "lm" and not (isinstance(item["gold"], int) and 0 <= item["gold"] < len(options)):
-                    raise EvalError(f"{path}:{n}: gold {item['gold']!r} is not an index into its {len(options)} options")
+                problem = item_problem(task.kind, item)
+                if problem:
+                    raise EvalError(f"{path}:{n}: {problem}")
                 items.append(item)
     except OSError as e:
         raise EvalError(f"cannot read task {label}: {e}") from None
@@ -233,8 +247,8 @@ def render(task, item, shots):
     if task.kind == "schema":
         head = "".join(f"{s['context_options'][s['gold']]}{d}{s['continuation']}\n\n" for s in shots)
         return [f"{head}{c}{d}{item['continuation']}" for c in item["context_options"]]
-    head = "".join(f"{str(s['context']).strip()}{d}{s['continuation']}\n\n" for s in shots)
-    prompt = f"{head}{str(item['context']).strip()}{d}"
+    head = "".join(f"{s['context'].strip()}{d}{s['continuation']}\n\n" for s in shots)
+    prompt = f"{head}{item['context'].strip()}{d}"
     # stripped, so trailing spaces join the continuation's first token as they do in the full text
     return [prompt.strip(), f"{prompt}{item['continuation']}"]
 
@@ -261,7 +275,7 @@ def encode(task, prompts, tokenizer, max_len):
         n = min(common_length(toks, from_end=True), min(len(t) for t in toks) - 1)
         spans = [(t, len(t) - n, len(t)) for t in toks]
     else:
-        without, full = toks
+        full = toks[1]
         start = min(common_length(toks), len(full) - 1)
         spans = [(full, start, len(full))]
     out = []
@@ -281,7 +295,7 @@ def score(model, rows, batch_size, device, pad_id, bar=None):
     padded on the right (a causal model never sees the padding)."""
     losses, right = [0.0] * len(rows), [False] * len(rows)
     order = sorted(range(len(rows)), key=lambda r: -len(rows[r][0]))
-    amp = torch.autocast("cuda", torch.bfloat16) if torch.device(device).type == "cuda" else torch.autocast("cpu", enabled=False)
+    amp = torch.autocast("cuda", torch.bfloat16) if torch.device(device).type == "cuda" else contextlib.nullcontext()
     for b in range(0, len(order), batch_size):
         chunk = order[b:b + batch_size]
         T = len(rows[chunk[0]][0])

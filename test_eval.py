@@ -345,7 +345,8 @@ def test_bad_tasks_bundles_and_items_are_one_line_errors(tmp_path):
         ev.evaluate_core(model, tok, str(tmp_path / "eval_bundle" / "eval_data"), tasks=["copa"])
     path = tmp_path / "eval_bundle" / "eval_data" / ev.TASKS["copa"].path
     for line, msg in (('{"query": "q", "choices": ["a"], "gold": 3}', "copa.jsonl:2: gold 3"),
-                      ('{"query": "q", "gold": 0}', "copa.jsonl:2: a mc item needs choices"),
+                      ('{"query": "q", "gold": 0}', "copa.jsonl:2: a mc item needs the fields query, choices, gold"),
+                      ('{"query": "q", "choices": ["a", 7], "gold": 0}', "copa.jsonl:2: the fields .* must be text"),
                       ('{"query": ', "copa.jsonl:2: not JSON")):
         path.write_text(json.dumps(fixture_items("copa", 1)[0]) + "\n" + line + "\n")
         with pytest.raises(ev.EvalError, match=msg) as e:
@@ -406,6 +407,9 @@ def test_download_once_into_the_cache(tmp_path, monkeypatch):
         res = ev.evaluate_core(RuleModel(), CharTokenizer(), None, tasks=["copa"])
         assert res["bundle"] == path and res["tasks"]["copa"]["items"] == 5
         assert log == ["/broken.zip", "/eval_bundle.zip"]  # the second use read the cache
+        os.remove(os.path.join(path, "eval_meta_data.csv"))  # a damaged cache is reported, not papered over
+        with pytest.raises(ev.EvalError, match=f"has no eval_meta_data.csv; delete {path} to download the bundle again"):
+            ev.get_bundle()
     finally:
         server.shutdown()
 
@@ -455,7 +459,8 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads((tmp_path / "run" / "core_eval.json").read_text())
     assert sorted(os.listdir(tmp_path / "run")) == ["ckpt.pt", "core_eval.json"]  # no temporary file left
-    assert list(out["tasks"]) == list(ev.TASKS) and out["ckpt"] == str(ckpt)
+    assert list(out["tasks"]) == list(ev.TASKS) and out["ckpt"] == str(ckpt) and out["bundle"] == bundle
+    assert out["max_per_task"] is None and set(out["tasks"]["copa"]) == {"accuracy", "centered", "random_baseline", "items", "shots", "kind"}
     table = r.stdout.splitlines()
     for label, v in out["tasks"].items():
         assert v["items"] == 4 and v["accuracy"] * 4 == pytest.approx(round(v["accuracy"] * 4))
