@@ -1,0 +1,582 @@
+"""
+Benchmark two presets side by side (default: baseline vs bov) and print one readable table.
+
+    python bench.py                               # size "cpu" on a CPU (paper_135m on a GPU): a few minutes
+    python bench.py --quick                       # a smoke run: one round, few steps
+    python bench.py --variants baseline bov_shared_table --size paper_780m
+    python bench.py --json > bench.json           # the same numbers for machines
+    python bench.py --plot out/base/metrics.jsonl out/bov/metrics.jsonl   # + PNGs in --plot_dir
+
+What it reports, per preset A and B and as the ratio B/A:
+  accounting   dense and table parameters, training FLOPs/token (GPT.estimate_flops), and the tokens that
+               the paper's FLOPs budgets buy (1.5e18 at paper_135m, Section 3; 3.91e19 at paper_780m,
+               Section 5); analytic, on the meta device, for every size in model.SIZES
+  FLOPs        measured with FlopCounterMode on one forward+backward of the benchmark model, next to the
+               estimate (windows made full, "L": the counter counts masked attention as dense)
+  KV cache     analytic bytes (bfloat16) per sequence and per batch of --serve_batch at 1K..1M tokens, the
+               value tables' own bytes and the net saving of B over A: eq. 6, dKV = (L/3) d (T - |V|),
+               in bytes, less the int32 token id per token that a BoV cache keeps. Breakeven: the context
+               where the net saving is 0 (the paper's T = |V| for one sequence; B*T = |V| for a batch
+               that shares the tables)
+  cache        the bytes the decode cache really allocated (KVCache.nbytes(), after a prefill to the
+               largest context) next to GPTConfig.kv_cache_bytes, and B/A bytes per token next to
+               ((2L - n_vfree) d s + 4) / (2L d s)
+  speed        prefill and decode tokens/s at --contexts (each: prefill to context - steps, then --steps
+               greedy one-token decode steps), train step ms (forward + backward + Muon/AdamW step on
+               --batch sequences of block_size), peak memory of a decode at the largest context and of a
+               train step. A and B run interleaved (A B A B ...) for --rounds rounds after one warm-up;
+               the table gives medians, the ratio is the median of the per-round ratios B/A.
+The decode model has block_size = the largest context (the "cpu" size trains at 256), so its
+sliding windows are a quarter of that; the train step uses the preset's own block_size.
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import weakref
+from dataclasses import asdict, replace
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+from torch.utils.weak import WeakIdKeyDictionary
+
+from model import GPT, GPTConfig, SIZES, VARIANTS
+
+PAPER_BUDGETS = {"paper_135m": 1.5e18, "paper_780m": 3.91e19}  # training FLOPs of the paper's runs
+KV_CONTEXTS = [2 ** k for k in range(10, 21, 2)]              # 1K, 4K, 16K, 64K, 256K, 1M
+KV_DTYPE = torch.bfloat16
+
+# FlopCounterMode knows the CUDA attention kernels but not SDPA's CPU kernel: count it the same way
+# (4 T_q T_k D per head forward), backward = 2 x forward, as torch counts the CUDA kernels.
+CPU_SDPA_FLOPS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu:
+        lambda q, k, v, *args, **kwargs: sdpa_flop_count(q, k, v),
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
+        lambda grad, q, k, v, *args, **kwargs: 2 * sdpa_flop_count(q, k, v),
+}
+
+
+class BenchError(Exception):
+    """one-line, user-facing problem with the arguments"""
+
+
+# -----------------------------------------------------------------------------
+# analytic: parameters, FLOPs, KV cache
+
+def accounting(variants, configs):
+    """Parameters and FLOPs/token of each variant at each size (meta device: no memory)."""
+    rows = []
+    for size, overrides in configs.items():
+        for v in variants:
+            model = GPT.meta(GPTConfig.preset(size, v, **overrides))
+            n, flops = model.num_params(), model.estimate_flops()
+            budget = PAPER_BUDGETS.get(size) if not overrides else None
+            rows.append(dict(size=size, variant=v, dense_params=n["dense"], table_params=n["tables"],
+                             scaling_params=n["scaling"], flops_per_token=flops, budget_flops=budget,
+                             budget_tokens=budget / flops if budget else None))
+    return rows
+
+
+def kv_per_token(cfg, dtype):
+    """((2L - n_vfree) d s + 4 if the model has tables) bytes: K and V per layer, no V where V-free."""
+    return cfg.kv_cache_bytes(1, 1, dtype)
+
+
+def kv_memory(cfg_a, cfg_b, batch, dtype=KV_DTYPE):
+    """Analytic decode memory of A and B at KV_CONTEXTS: rows, and the breakeven contexts."""
+    s, d, V = torch.empty((), dtype=dtype).element_size(), cfg_b.n_embd, cfg_b.vocab_size
+    tab_a, tab_b = cfg_a.table_bytes(dtype), cfg_b.table_bytes(dtype)
+    per_token_saving = kv_per_token(cfg_a, dtype) - kv_per_token(cfg_b, dtype)
+    rows = []
+    for T in KV_CONTEXTS:
+        seq_a, seq_b = cfg_a.kv_cache_bytes(1, T, dtype), cfg_b.kv_cache_bytes(1, T, dtype)
+        # eq. 6 generalised to any pair: V rows no longer cached minus the table rows added
+        n_vfree = len(cfg_b.v_free_layers()) - len(cfg_a.v_free_layers())
+        eq6 = (n_vfree * d * T - (cfg_b.n_tables() - cfg_a.n_tables()) * d * V) * s
+        rows.append(dict(context=T, seq_bytes_a=seq_a, seq_bytes_b=seq_b, table_bytes_a=tab_a, table_bytes_b=tab_b,
+                         net_saving_seq=seq_a + tab_a - seq_b - tab_b,
+                         net_saving_batch=batch * (seq_a - seq_b) + tab_a - tab_b, eq6_bytes=eq6))
+    extra = tab_b - tab_a
+    breakeven = extra / per_token_saving if per_token_saving > 0 else None  # tokens (one sequence, or B*T)
+    return dict(dtype=str(dtype).replace("torch.", ""), batch=batch, rows=rows, breakeven_tokens=breakeven,
+                breakeven_paper=V if cfg_b.n_tables() else None,
+                breakeven_context_batch=breakeven / batch if breakeven is not None else None)
+
+
+def measured_flops(cfg, device):
+    """(FlopCounterMode FLOPs per token of one forward+backward, estimate_flops) with full windows."""
+    cfg = replace(cfg, window_pattern="L")
+    torch.manual_seed(0)
+    model = GPT(cfg, device=device)
+    idx = torch.randint(0, cfg.vocab_size, (1, cfg.block_size), device=device)
+    with FlopCounterMode(display=False, custom_mapping=CPU_SDPA_FLOPS) as counter:
+        _, loss = model(idx, idx)
+        loss.backward()
+    return counter.get_total_flops() / idx.numel(), model.estimate_flops()
+
+
+# -----------------------------------------------------------------------------
+# measured: speed and memory
+
+def sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+class LiveBytes(TorchDispatchMode):
+    """Peak bytes of live tensor storage while active, for the CPU, which keeps no allocator statistics:
+    the storages of `tensors` (weights, cache, optimizer state...) plus every storage an op creates,
+    until its last tensor dies."""
+
+    def __init__(self, tensors):
+        super().__init__()
+        self.live = self.peak = 0
+        self.seen = WeakIdKeyDictionary()
+        for t in tensors:
+            self.track(t)
+
+    def track(self, t):
+        storage = t.untyped_storage()
+        if storage in self.seen:
+            return
+        n = storage.nbytes()
+        self.seen[storage] = n
+        self.live += n
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self.free, n)
+
+    def free(self, n):
+        self.live -= n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                self.track(t)
+        return out
+
+
+def peak_bytes(device, run, existing):
+    """Peak memory of run(): torch.cuda's allocator statistics on CUDA, LiveBytes elsewhere."""
+    if torch.device(device).type == "cuda":
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        run()
+        sync(device)
+        return torch.cuda.max_memory_allocated(device)
+    with LiveBytes(existing()) as tracker:
+        run()
+    return tracker.peak
+
+
+class Bench:
+    """One preset built for decoding (block_size = the largest context) and one for training."""
+
+    def __init__(self, size, variant, overrides, max_context, batch, device, dtype):
+        self.device, self.dtype = device, dtype
+        torch.manual_seed(0)
+        self.train_cfg = GPTConfig.preset(size, variant, **overrides)
+        self.decode_cfg = replace(self.train_cfg, block_size=max(max_context, self.train_cfg.block_size))
+        self.decoder = GPT(self.decode_cfg, device=device).eval()
+        self.model = GPT(self.train_cfg, device=device)
+        self.opts = self.model.configure_optimizers()
+        g = torch.Generator().manual_seed(0)
+        V, T = self.train_cfg.vocab_size, self.train_cfg.block_size
+        self.x = torch.randint(0, V, (batch, T), generator=g).to(device)
+        self.y = torch.randint(0, V, (batch, T), generator=g).to(device)
+        self.prompt = torch.randint(0, V, (1, self.decode_cfg.block_size), generator=g).to(device)
+        self.cache = None
+
+    def autocast(self):
+        return torch.autocast(torch.device(self.device).type, dtype=self.dtype, enabled=self.dtype != torch.float32)
+
+    @torch.no_grad()
+    def prefill(self, n):
+        with self.autocast():  # the cache takes the autocast dtype
+            self.cache = self.decoder.new_cache(1, self.decode_cfg.block_size)
+            logits, _ = self.decoder(self.prompt[:, :n], cache=self.cache)
+        return logits[:, -1].argmax(-1, keepdim=True)
+
+    @torch.no_grad()
+    def decode(self, tok, steps):
+        with self.autocast():
+            for _ in range(steps):
+                logits, _ = self.decoder(tok, cache=self.cache)
+                tok = logits[:, -1].argmax(-1, keepdim=True)
+        tok.tolist()  # wait for the device
+
+    def time_decode(self, context, steps):
+        """(prefill tok/s of context - steps tokens, decode tok/s of `steps` steps up to context)."""
+        sync(self.device)
+        t0 = time.perf_counter()
+        tok = self.prefill(context - steps)
+        sync(self.device)
+        t1 = time.perf_counter()
+        self.decode(tok, steps)
+        t2 = time.perf_counter()
+        return (context - steps) / (t1 - t0), steps / (t2 - t1)
+
+    def train_step(self):
+        with self.autocast():
+            _, loss = self.model(self.x, self.y)
+        loss.backward()
+        for opt in self.opts:
+            opt.step()
+        for opt in self.opts:
+            opt.zero_grad(set_to_none=True)
+        loss.item()
+
+    def time_train_step(self):
+        sync(self.device)
+        t0 = time.perf_counter()
+        self.train_step()
+        return 1e3 * (time.perf_counter() - t0)
+
+    def memory(self, context, steps):
+        """(peak bytes of `steps` decode steps after a prefill to context - steps, peak bytes of a train step)."""
+        tok = self.prefill(context - steps)
+        weights = list(self.decoder.parameters()) + list(self.decoder.buffers())
+        cache = self.cache.k + [v for v in self.cache.v if v is not None] + ([self.cache.ids] if self.cache.ids is not None else [])
+        decode = peak_bytes(self.device, lambda: self.decode(tok, steps), lambda: weights + cache)
+        state = lambda: list(self.model.parameters()) + list(self.model.buffers()) + [
+            t for opt in self.opts for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+        train = peak_bytes(self.device, self.train_step, state)
+        self.cache = None
+        return decode, train
+
+
+def paired(a, b):
+    """medians of A and B and the median of the per-round ratios B/A."""
+    return dict(a=statistics.median(a), b=statistics.median(b), ratio=statistics.median(y / x for x, y in zip(a, b)))
+
+
+def measure(benches, contexts, steps, rounds, log):
+    """Interleaved timings: after one warm-up round, `rounds` rounds of A then B for every measurement."""
+    a, b = benches
+    runs = {("decode", c): ([], []) for c in contexts} | {("prefill", c): ([], []) for c in contexts}
+    runs["train_ms"] = ([], [])
+    for r in range(rounds + 1):
+        log(f"round {r}/{rounds}" + (" (warm-up)" if r == 0 else ""))
+        for c in contexts:
+            for k, bench in enumerate(benches):
+                prefill, decode = bench.time_decode(c, steps)
+                if r:
+                    runs["prefill", c][k].append(prefill)
+                    runs["decode", c][k].append(decode)
+        for k, bench in enumerate(benches):
+            ms = bench.time_train_step()
+            if r:
+                runs["train_ms"][k].append(ms)
+    out = {"decode_tok_s": {}, "prefill_tok_s": {}}
+    for c in contexts:
+        out["decode_tok_s"][c] = paired(*runs["decode", c])
+        out["prefill_tok_s"][c] = paired(*runs["prefill", c])
+    out["train_step_ms"] = paired(*runs["train_ms"])
+    out["rounds"] = {"decode": dict(zip(map(str, contexts), (runs["decode", c] for c in contexts))),
+                     "train_ms": runs["train_ms"]}
+    log("peak memory")
+    mem = [bench.memory(max(contexts), steps) for bench in benches]
+    out["peak_bytes"] = {"decode": dict(a=mem[0][0], b=mem[1][0], ratio=mem[1][0] / mem[0][0]),
+                         "train_step": dict(a=mem[0][1], b=mem[1][1], ratio=mem[1][1] / mem[0][1])}
+    return out
+
+
+def cache_allocated(benches, context):
+    """Bytes the decode cache allocated after a real prefill to `context`, against the analytic figure,
+    and B/A bytes per token against ((2L - n_vfree) d s + 4 if tables) for each."""
+    out = {}
+    for name, bench in zip("ab", benches):
+        bench.prefill(context)
+        cfg, cache = bench.decode_cfg, bench.cache
+        s = cache.k[0].element_size()
+        expected = (2 * cfg.n_layer - len(cfg.v_free_layers())) * cfg.n_embd * s + (4 if cfg.table_layers() else 0)
+        out[name] = dict(context=context, max_len=cache.max_len, filled=cache.pos, dtype=str(cache.k[0].dtype)[6:],
+                         allocated=cache.nbytes(), analytic=cfg.kv_cache_bytes(1, cache.max_len, cache.k[0].dtype),
+                         per_token=cache.nbytes() / cache.max_len, per_token_expected=expected)
+        bench.cache = None
+    out["exact"] = all(out[k]["allocated"] == out[k]["analytic"] for k in "ab")
+    out["ratio_per_token"] = out["b"]["per_token"] / out["a"]["per_token"]
+    out["ratio_expected"] = out["b"]["per_token_expected"] / out["a"]["per_token_expected"]
+    return out
+
+
+# -----------------------------------------------------------------------------
+# plots
+
+def fig5a(path):
+    """The paper's Fig 5a: V-cache memory saved by BoV, in %, against context length T (16K..1M), for the
+    nanochat (32,768) and Qwen3 (151,936) vocabularies, at paper_780m in bfloat16.
+
+        saved % = 100 x net saving / V cache of standard attention
+                = 100 x [L d T - (2/3 L d T ... the V rows BoV still caches) - tables] / (L d T)
+                = 100 x (n_bov / L) (1 - |V| / T)   (eq. 6 over L d T; + BoV's int32 id per token)
+
+    i.e. the caption's "fraction of V cache memory saved", relative to the V cache of all L layers: it
+    crosses 0 at T = |V| and saturates at n_bov / L = 1/3. Dashed: the same saving relative to the whole
+    K+V cache (saturates at 1/6); the paper's axis (-5..20 %) matches this normalisation better, so
+    both are drawn. Neither depends on L or d once BoV takes the last third."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    contexts = [int(2 ** (14 + k / 8)) for k in range(6 * 8 + 1)]  # 16K .. 1M
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for vocab, name, color in ((32768, "nanochat tok. (32,768)", "C0"), (151936, "qwen3 tok. (151,936)", "C1")):
+        base, bov = (GPTConfig.preset("paper_780m", v, vocab_size=vocab) for v in ("baseline", "bov"))
+        v_cache, kv, saved = [], [], []
+        for T in contexts:
+            net = base.kv_cache_bytes(1, T, KV_DTYPE) - bov.kv_cache_bytes(1, T, KV_DTYPE) - bov.table_bytes(KV_DTYPE)
+            v_bytes = base.n_layer * base.n_embd * T * torch.empty((), dtype=KV_DTYPE).element_size()
+            saved.append(100 * net / v_bytes)
+            kv.append(100 * net / base.kv_cache_bytes(1, T, KV_DTYPE))
+        ax.plot(contexts, saved, color=color, label=f"{name}, % of V cache")
+        ax.plot(contexts, kv, color=color, linestyle="--", label=f"{name}, % of K+V cache")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([2 ** 14, 2 ** 16, 2 ** 18, 2 ** 20], ["16K", "64K", "256K", "1M"])
+    ax.axhline(0, color="gray", linewidth=0.8)
+    ax.set_ylim(-20, 35)
+    ax.set_xlabel("context length")
+    ax.set_ylabel("memory saved (%)")
+    ax.set_title("Fig 5a: V cache memory saved by BoV (paper_780m)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def read_metrics(path):
+    """[(tokens or step, val_bpb)] from a train.py metrics JSONL file (records without val_bpb skipped)."""
+    points = []
+    try:
+        with open(path) as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    raise BenchError(f"{path}:{n} is not a JSON line") from None
+                if isinstance(rec, dict) and rec.get("val_bpb") is not None:
+                    points.append((rec.get("tokens", rec.get("step")), rec["val_bpb"]))
+    except OSError as e:
+        raise BenchError(f"cannot read metrics file {path}: {e.strerror}") from None
+    if not points:
+        raise BenchError(f"{path} has no records with val_bpb")
+    return points
+
+
+def val_curves(paths, path):
+    """Validation bits per byte against training tokens, one line per metrics file (named by its folder)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for p in paths:
+        points = read_metrics(p)
+        label = os.path.basename(os.path.dirname(os.path.abspath(p))) or p
+        ax.plot([x for x, _ in points], [y for _, y in points], marker=".", label=label)
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("validation bits per byte")
+    ax.set_title("validation curves")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -----------------------------------------------------------------------------
+# the report
+
+def human(n):
+    """bytes -> '1.5 GiB' (signed)"""
+    sign, n = ("-" if n < 0 else ""), abs(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
+        n /= 1024
+
+
+def short(n):
+    """1971234567 -> '1.97B'"""
+    for unit, k in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= k:
+            return f"{n / k:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def context_name(T):
+    return f"{T // 2 ** 20}M" if T % 2 ** 20 == 0 else f"{T // 1024}K" if T % 1024 == 0 else str(T)
+
+
+def report(r):
+    a, b = r["variants"]["a"], r["variants"]["b"]
+    lines = [f"bench.py: A = {a}, B = {b}; measured at size {r['size']}"
+             + (f" ({', '.join(f'{k}={v}' for k, v in r['overrides'].items())})" if r["overrides"] else "")
+             + f" on {r['device']} ({r['threads']} threads, {r['dtype']}), torch {r['torch']}", ""]
+    lines.append("Parameters and training FLOPs per token (analytic; tokens = budget / FLOPs per token)")
+    lines.append(f"  {'size':<11} {'variant':<18} {'dense params':>13} {'table params':>13} {'FLOPs/token':>14} {'budget':>8} {'tokens':>7}")
+    for row in r["accounting"]:
+        budget = f"{row['budget_flops']:.3g}" if row["budget_flops"] else "-"
+        tokens = short(row["budget_tokens"]) if row["budget_tokens"] else "-"
+        lines.append(f"  {row['size']:<11} {row['variant']:<18} {row['dense_params']:>13,} {row['table_params']:>13,} "
+                     f"{row['flops_per_token']:>14,} {budget:>8} {tokens:>7}")
+    f = r["flops_measured"]
+    lines += ["", f"FLOPs per token measured (FlopCounterMode, one forward+backward of {f['tokens']} tokens, full windows)"]
+    for k, name in (("a", a), ("b", b)):
+        lines.append(f"  {name:<18} measured {f[k]['measured']:>14,.0f}   estimate {f[k]['estimate']:>14,}   "
+                     f"measured/estimate {f[k]['measured'] / f[k]['estimate']:.4f}")
+    lines.append(f"  B/A measured {f['ratio']:.4f}")
+    for size, kv in r["kv_cache"].items():
+        be = kv["breakeven_tokens"]
+        lines += ["", f"KV cache at size {size} ({kv['dtype']}; batch {kv['batch']} shares the tables); net saving = "
+                  f"A cache + A tables - B cache - B tables"]
+        lines.append("  breakeven: " + (f"T = {be:,.0f} tokens for one sequence (paper: T = |V| = {kv['breakeven_paper']:,}), "
+                                        f"T = {kv['breakeven_context_batch']:,.0f} per sequence for the batch (B*T = {be:,.0f})"
+                                        if be is not None else "none (B saves no cache per token)"))
+        lines.append(f"  {'context':>8} {'A / seq':>11} {'B / seq':>11} {'B tables':>11} {'saving / seq':>13} {'saving / batch':>15}")
+        for row in kv["rows"]:
+            lines.append(f"  {context_name(row['context']):>8} {human(row['seq_bytes_a']):>11} {human(row['seq_bytes_b']):>11} "
+                         f"{human(row['table_bytes_b']):>11} {human(row['net_saving_seq']):>13} {human(row['net_saving_batch']):>15}")
+    c = r["cache_allocated"]
+    lines += ["", f"Decode cache allocated (KVCache.nbytes() after a prefill to {c['a']['context']} tokens, {c['a']['dtype']})"]
+    for k, name in (("a", a), ("b", b)):
+        same = "==" if c[k]["allocated"] == c[k]["analytic"] else "!="
+        lines.append(f"  {name:<18} {c[k]['allocated']:>14,} bytes {same} analytic {c[k]['analytic']:>14,}   "
+                     f"{c[k]['per_token']:,.0f} bytes/token")
+    lines.append(f"  B/A bytes per token {c['ratio_per_token']:.6f}, expected ((2L - n_vfree) d s + ids) / (2L d s) "
+                 f"{c['ratio_expected']:.6f}")
+    s = r["speed"]
+    lines += ["", f"Speed and memory ({s['rounds_run']} rounds, A and B interleaved; medians; B/A = median of per-round ratios)"]
+    lines.append(f"  {'':<28} {a:>12} {b:>12} {'B/A':>7}")
+    row = lambda label, m, fmt: lines.append(f"  {label:<28} {fmt(m['a']):>12} {fmt(m['b']):>12} {m['ratio']:>7.3f}")
+    for ctx, m in s["prefill_tok_s"].items():
+        row(f"prefill tok/s, {int(ctx) - s['steps']} tokens", m, lambda x: f"{x:,.0f}")
+    for ctx, m in s["decode_tok_s"].items():
+        row(f"decode tok/s at context {ctx}", m, lambda x: f"{x:,.1f}")
+    row(f"train step ms ({s['batch']}x{s['train_block_size']})", s["train_step_ms"], lambda x: f"{x:,.1f}")
+    row(f"peak memory, decode at {max(map(int, s['decode_tok_s']))}", s["peak_bytes"]["decode"], human)
+    row("peak memory, train step", s["peak_bytes"]["train_step"], human)
+    return "\n".join(lines)
+
+
+# -----------------------------------------------------------------------------
+
+def parse_overrides(text):
+    """'n_embd=48,n_head=4' -> {'n_embd': 48, 'n_head': 4} (ints, else strings)"""
+    out = {}
+    for item in filter(None, (t.strip() for t in (text or "").split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise BenchError(f"--config takes key=value pairs separated by commas, got {item!r}")
+        out[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+    return out
+
+
+def parse_args(argv=None):
+    cuda = torch.cuda.is_available()
+    p = argparse.ArgumentParser(description="Compare two presets: parameters, FLOPs, KV-cache memory, decode/prefill "
+                                "speed, train step time, peak memory. Progress goes to stderr.")
+    p.add_argument("metrics", nargs="*", help="train.py metrics JSONL files to plot validation curves from (with --plot)")
+    p.add_argument("--variants", nargs=2, default=["baseline", "bov"], metavar=("A", "B"), help="the two presets (default: baseline bov)")
+    p.add_argument("--size", choices=list(SIZES), default="paper_135m" if cuda else "cpu",
+                   help="size of the measured models (default: cpu on a CPU, paper_135m on a GPU)")
+    p.add_argument("--config", help="GPTConfig overrides of the measured size, e.g. n_layer=6,n_embd=48,vocab_size=97")
+    p.add_argument("--contexts", default="128,1024,4096", help="decode contexts, comma-separated (default 128,1024,4096)")
+    p.add_argument("--steps", type=int, help="decode steps timed at each context (default 32; --quick 4)")
+    p.add_argument("--rounds", type=int, help="interleaved A B rounds after the warm-up (default 7; --quick 1)")
+    p.add_argument("--batch", type=int, help="sequences per train step (default 8; --quick 2)")
+    p.add_argument("--serve_batch", type=int, default=32, help="batch of the analytic KV-cache table (default 32)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: --rounds 1 --steps 4 --batch 2 unless given")
+    p.add_argument("--device", default="cuda" if cuda else "cpu", help="cpu | cuda | cuda:N")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="autocast dtype of the measured runs; auto = bfloat16 on CUDA, float32 elsewhere")
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+                   help="torch CPU threads (default: the cores this process may use)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
+    p.add_argument("--plot", action="store_true", help="also write fig5a.png and, given metrics files, val_curves.png")
+    p.add_argument("--plot_dir", default="out/plots", help="folder for the PNGs (default out/plots)")
+    args = p.parse_args(argv)
+    quick = dict(steps=4, rounds=1, batch=2) if args.quick else dict(steps=32, rounds=7, batch=8)
+    for k, v in quick.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    for k in ("steps", "rounds", "batch", "serve_batch", "threads"):
+        if getattr(args, k) < 1:
+            p.error(f"--{k} must be at least 1, got {getattr(args, k)}")
+    try:
+        args.contexts = sorted({int(c) for c in args.contexts.split(",") if c.strip()})
+    except ValueError:
+        p.error(f"--contexts must be comma-separated integers, got {args.contexts!r}")
+    if not args.contexts or args.contexts[0] <= args.steps:
+        p.error(f"every decode context must exceed --steps ({args.steps}): it is prefilled to context - steps first")
+    if args.metrics and not args.plot:
+        p.error("metrics files are read for --plot only")
+    return args
+
+
+def run(args, log):
+    """Everything but printing: the results dict."""
+    overrides = parse_overrides(args.config)
+    for v in args.variants:
+        GPTConfig.preset(args.size, v, **overrides)  # ValueError, in one line, for a bad name or field
+    try:
+        torch.zeros(1, device=args.device)
+    except (AssertionError, RuntimeError, NotImplementedError) as e:
+        raise BenchError(f"--device {args.device} is not usable here: {str(e).splitlines()[0]}") from None
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(args.dtype) or (
+        torch.bfloat16 if torch.device(args.device).type == "cuda" else torch.float32)
+    torch.set_num_threads(args.threads)
+    sizes = {s: {} for s in PAPER_BUDGETS} | {args.size: overrides}
+    a, b = args.variants
+    r = dict(variants=dict(a=a, b=b), size=args.size, overrides=overrides, device=args.device, dtype=str(dtype)[6:],
+             threads=torch.get_num_threads(), torch=torch.__version__, command=" ".join(["python", "bench.py"] + (args.argv or [])))
+    log("accounting")
+    r["accounting"] = accounting(args.variants, sizes)
+    r["kv_cache"] = {s: kv_memory(GPTConfig.preset(s, a, **o), GPTConfig.preset(s, b, **o), args.serve_batch)
+                     for s, o in sizes.items()}
+    log("building the models")
+    benches = [Bench(args.size, v, overrides, max(args.contexts), args.batch, args.device, dtype) for v in args.variants]
+    log("counting FLOPs")
+    fa, fb = (measured_flops(bench.train_cfg, args.device) for bench in benches)
+    r["flops_measured"] = dict(a=dict(measured=fa[0], estimate=fa[1]), b=dict(measured=fb[0], estimate=fb[1]),
+                               ratio=fb[0] / fa[0], tokens=benches[0].train_cfg.block_size)
+    r["cache_allocated"] = cache_allocated(benches, max(args.contexts))
+    speed = measure(benches, args.contexts, args.steps, args.rounds, log)
+    r["speed"] = dict(speed, steps=args.steps, rounds_run=args.rounds, batch=args.batch,
+                      train_block_size=benches[0].train_cfg.block_size)
+    return r
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    args.argv = argv
+    log = lambda msg: print(f"bench.py: {msg}", file=sys.stderr, flush=True)
+    try:
+        if args.plot:  # read the metrics first: a bad file fails before minutes of timing
+            for path in args.metrics:
+                read_metrics(path)
+        r = run(args, log)
+        if args.plot:
+            os.makedirs(args.plot_dir, exist_ok=True)
+            r["plots"] = [os.path.join(args.plot_dir, "fig5a.png")]
+            fig5a(r["plots"][0])
+            if args.metrics:
+                r["plots"].append(os.path.join(args.plot_dir, "val_curves.png"))
+                val_curves(args.metrics, r["plots"][-1])
+    except (BenchError, ValueError) as e:
+        sys.exit(f"bench.py: error: {str(e).strip().splitlines()[0]}")
+    except KeyboardInterrupt:
+        sys.exit("bench.py: interrupted")
+    print(json.dumps(r, indent=1) if args.json else report(r))
+    for path in r.get("plots", []):
+        log(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,296 @@
+"""Tests of sample.py and bench.py on a tiny checkpoint and tokenizer made here (CPU, seconds).
+Run: python -m pytest -q test_inference.py"""
+
+import json
+import math
+import os
+import random
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import bench
+import prepare_data
+import sample
+from model import GPT, GPTConfig
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BLOCK = 64
+WORDS = ("the", "bank", "of", "values", "café", "naïve", "Zürich", "東京", "数据", "🚀", "—", "token", "table")
+TINY = "n_layer=6,n_embd=48,n_head=4,vocab_size=97"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Other jobs may share the cores; one thread avoids OpenMP threads waiting on each other."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A prepared-data dir with a 300-token BPE tokenizer and a BoV checkpoint (random weights, so
+    every layer, the value tables included, changes the logits) -> (ckpt path, tokenizer, model)."""
+    root = tmp_path_factory.mktemp("tiny")
+    rng = random.Random(0)
+    os.makedirs(root / "corpus")
+    for i in range(6):
+        with open(root / "corpus" / f"d{i}.txt", "w", encoding="utf-8") as f:
+            f.write("\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(20)))
+    prepare_data.main(["--source", f"files:{root / 'corpus' / '*.txt'}", "--vocab_size", "300",
+                       "--out_dir", str(root / "data"), "--val_tokens", "100"])
+    tok = prepare_data.load_tokenizer(str(root / "data"))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("cpu", "bov", n_layer=6, n_embd=48, n_head=4, vocab_size=tok.vocab_size, block_size=BLOCK))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 1 / math.sqrt(p.size(1)), generator=g)
+    path = str(root / "ckpt.pt")
+    model.save_checkpoint(path, data_dir=str(root / "data"), step=0)
+    return path, tok, model.eval()
+
+
+def run_sample(capsys, *args):
+    """sample.main in-process -> (stdout, stderr)"""
+    capsys.readouterr()
+    sample.main([str(a) for a in args])
+    return capsys.readouterr()
+
+
+def greedy_text(model, tok, prompt_ids, n):
+    """What sample.py must print at temperature 0: the prompt (without bos) and n greedy tokens."""
+    out = model.generate(torch.tensor([prompt_ids]), n, temperature=0)[0].tolist()
+    return tok.decode(out[1:] if out[0] == tok.bos_id else out) + "\n"
+
+
+# ---------------------------------------------------------------------------- sample.py
+
+def test_text_is_streamed_while_tokens_are_sampled(tiny, monkeypatch, capsys):
+    path, tok, model = tiny
+    events = []
+
+    class Recorder:
+        def write(self, s):
+            events.append(("write", s))
+
+        def flush(self):
+            pass
+
+    sample_next = GPT.sample_next
+    monkeypatch.setattr(GPT, "sample_next", staticmethod(lambda *a, **k: (events.append(("sample", None)), sample_next(*a, **k))[1]))
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    sample.main(["--ckpt", path, "--start", "the café", "--max_new_tokens", "24", "--temperature", "0"])
+    kinds = [k for k, s in events if k == "sample" or s]
+    first, last = kinds.index("sample"), len(kinds) - 1 - kinds[::-1].index("sample")
+    assert kinds.count("sample") == 24
+    assert kinds[first:last].count("write") >= 10  # text came out between sampling steps, not at the end
+    text = "".join(s for k, s in events if k == "write")
+    assert text == greedy_text(model, tok, [tok.bos_id] + tok.encode("the café"), 24)
+    err = capsys.readouterr().err
+    assert re.search(r"prefill \d+ tokens at [\d,.]+ tok/s; decode 23 tokens at [\d,.]+ tok/s", err)
+
+
+def test_a_character_split_over_tokens_is_written_once_whole(tiny):
+    _, tok, _ = tiny
+    written = []
+
+    class Out:
+        def write(self, s):
+            written.append(s)
+
+        def flush(self):
+            pass
+
+    stream = sample.TextStream(tok, Out())
+    byte_ids = [tok.enc.encode_single_token(bytes([b])) for b in "東".encode()]  # 3 one-byte tokens
+    for i in byte_ids[:2]:
+        stream.write([i])
+    assert "".join(written) == ""
+    stream.write(byte_ids[2:])
+    stream.write(tok.encode("x"))
+    stream.close()
+    assert written == ["東", "x", ""]
+
+
+def test_same_seed_same_text_other_seed_other_text(tiny, capsys):
+    path, _, _ = tiny
+    args = ["--ckpt", path, "--start", "the bank", "--max_new_tokens", "30", "--temperature", "1", "--top_k", "0"]
+    a = run_sample(capsys, *args, "--seed", "1").out
+    b = run_sample(capsys, *args, "--seed", "1").out
+    c = run_sample(capsys, *args, "--seed", "2").out
+    assert a == b
+    assert a != c
+    assert a.startswith("the bank") and c.startswith("the bank")
+
+
+def test_num_samples_are_separated_and_differ(tiny, capsys):
+    path, _, _ = tiny
+    out = run_sample(capsys, "--ckpt", path, "--max_new_tokens", "20", "--num_samples", "2", "--temperature", "1").out
+    first, second = out.split(sample.SEPARATOR)
+    assert first and second and first != second
+
+
+def test_greedy_offloaded_tables_give_the_same_tokens(tiny, capsys):
+    path, tok, model = tiny
+    args = ["--ckpt", path, "--start", "values of the", "--max_new_tokens", "40", "--temperature", "0"]
+    plain = run_sample(capsys, *args)
+    offloaded = run_sample(capsys, *args, "--offload_tables")
+    prompt = [tok.bos_id] + tok.encode("values of the")
+    assert plain.out == offloaded.out == greedy_text(model, tok, prompt, 40)
+    # every distinct id fed to the model crossed once, for each of the 2 tables (the last token is never fed)
+    fed = model.generate(torch.tensor([prompt]), 40, temperature=0)[0, :-1]
+    rows = int(re.search(r"offload: ([\d,]+) table rows fetched", offloaded.err).group(1).replace(",", ""))
+    moved = int(re.search(r"([\d,]+) bytes moved", offloaded.err).group(1).replace(",", ""))
+    assert rows == 2 * len(fed.unique())
+    assert moved == rows * model.config.n_embd * 4
+    assert "offload" not in plain.err
+
+
+def test_empty_prompt_starts_from_bos(tiny, capsys):
+    path, tok, model = tiny
+    out = run_sample(capsys, "--ckpt", path, "--max_new_tokens", "16", "--temperature", "0").out
+    assert out == greedy_text(model, tok, [tok.bos_id], 16)
+
+
+def test_prompt_from_a_file(tiny, tmp_path, capsys):
+    path, tok, model = tiny
+    (tmp_path / "p.txt").write_text("Zürich 🚀 table", encoding="utf-8")
+    out = run_sample(capsys, "--ckpt", path, "--start", f"FILE:{tmp_path / 'p.txt'}", "--max_new_tokens", "8", "--temperature", "0").out
+    assert out == greedy_text(model, tok, [tok.bos_id] + tok.encode("Zürich 🚀 table"), 8)
+
+
+def test_too_long_prompt_is_cropped_to_the_context_with_a_warning(tiny, capsys):
+    path, tok, model = tiny
+    text = " ".join(WORDS * 8)
+    ids = [tok.bos_id] + tok.encode(text)
+    assert len(ids) > BLOCK
+    res = run_sample(capsys, "--ckpt", path, "--start", text, "--max_new_tokens", "5", "--temperature", "0")
+    assert f"the prompt has {len(ids)} tokens" in res.err and f"keeping the last {BLOCK}" in res.err
+    assert res.out == greedy_text(model, tok, ids[-BLOCK:], 5)
+
+
+def test_missing_checkpoint_is_one_line_and_a_nonzero_exit(tmp_path):
+    p = subprocess.run([sys.executable, os.path.join(HERE, "sample.py"), "--ckpt", str(tmp_path / "nope.pt")],
+                       capture_output=True, text=True, cwd=HERE)
+    assert p.returncode != 0
+    assert p.stderr.strip().splitlines() == [f"sample.py: error: no checkpoint at {tmp_path / 'nope.pt'}"]
+    assert p.stdout == ""
+
+
+@pytest.mark.parametrize("case", ["tokenizer", "prompt_file", "not_a_checkpoint"])
+def test_other_bad_inputs_are_one_line_errors(tiny, tmp_path, case):
+    path, _, _ = tiny
+    if case == "tokenizer":
+        args, expected = ["--ckpt", path, "--data_dir", str(tmp_path)], f"no prepared data in {tmp_path}"
+    elif case == "prompt_file":
+        args, expected = ["--ckpt", path, "--start", f"FILE:{tmp_path / 'none.txt'}"], "cannot read the prompt file"
+    else:
+        (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
+        args, expected = ["--ckpt", str(tmp_path / "bad.pt")], "cannot read checkpoint"
+    with pytest.raises(SystemExit) as e:
+        sample.main(args)
+    assert isinstance(e.value.code, str) and "\n" not in e.value.code
+    assert e.value.code.startswith("sample.py: error: ") and expected in e.value.code
+
+
+def test_bad_numbers_are_refused(tiny, capsys):
+    path, _, _ = tiny
+    for flag, value in (("--temperature", "-1"), ("--max_new_tokens", "-3"), ("--num_samples", "0")):
+        with pytest.raises(SystemExit) as e:
+            sample.main(["--ckpt", path, flag, value])
+        assert e.value.code == 2 and f"{flag} must be" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- bench.py
+
+@pytest.fixture(scope="module")
+def bench_json():
+    """One quick bench run of baseline vs bov on a tiny model, as JSON."""
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        bench.main(["--quick", "--config", TINY, "--contexts", "16,40", "--json", "--threads", "1"])
+    return json.loads(out.getvalue())
+
+
+def test_bench_json_has_every_field(bench_json):
+    r = bench_json
+    assert r["variants"] == {"a": "baseline", "b": "bov"} and r["overrides"]["n_embd"] == 48
+    rows = {(x["size"], x["variant"]): x for x in r["accounting"]}
+    assert set(rows) == {(s, v) for s in ("paper_135m", "paper_780m", "cpu") for v in ("baseline", "bov")}
+    for row in rows.values():
+        assert row["dense_params"] > 0 and row["flops_per_token"] > 0
+        assert (row["table_params"] > 0) == (row["variant"] == "bov")
+    # the paper's token counts under its FLOPs budgets (Sections 3 and 5)
+    assert round(rows["paper_135m", "baseline"]["budget_tokens"] / 1e9, 2) == 1.97
+    assert round(rows["paper_780m", "baseline"]["budget_tokens"] / 1e9, 2) == 8.19
+    assert round(rows["paper_780m", "bov"]["budget_tokens"] / 1e9, 2) == 8.39
+    f = r["flops_measured"]
+    for k in "ab":
+        assert abs(f[k]["measured"] / f[k]["estimate"] - 1) < 0.02
+    assert f["ratio"] < 1  # BoV runs no W_V matmul in its table layers
+    s = r["speed"]
+    for key in ("decode_tok_s", "prefill_tok_s"):
+        assert set(s[key]) == {"16", "40"}
+        for m in s[key].values():
+            assert m["a"] > 0 and m["b"] > 0 and m["ratio"] > 0
+    for m in (s["train_step_ms"], s["peak_bytes"]["decode"], s["peak_bytes"]["train_step"]):
+        assert m["a"] > 0 and m["b"] > 0 and m["ratio"] > 0
+
+
+def test_bench_cache_bytes_equal_the_analytic_figure(bench_json):
+    c = bench_json["cache_allocated"]
+    assert c["exact"] is True
+    for k in "ab":
+        assert c[k]["allocated"] == c[k]["analytic"] and c[k]["filled"] == 40
+    # BoV keeps K in all 6 layers and V in 4, plus an int32 id per token: (12 - 2) / 12 + ids
+    assert c["b"]["per_token"] == (2 * 6 - 2) * 48 * 4 + 4 and c["a"]["per_token"] == 2 * 6 * 48 * 4
+    assert c["ratio_per_token"] == pytest.approx(c["ratio_expected"], rel=1e-12)
+
+
+def test_bench_kv_memory_follows_eq6(bench_json):
+    kv = bench_json["kv_cache"]["paper_780m"]
+    L, d, V, s = 24, 1536, 32768, 2
+    for row in kv["rows"]:
+        T = row["context"]
+        assert row["eq6_bytes"] == L // 3 * d * (T - V) * s  # the paper's eq. 6, in bytes
+        assert row["net_saving_seq"] == row["eq6_bytes"] - 4 * T  # less BoV's int32 id per token
+        assert row["net_saving_batch"] == kv["batch"] * (row["seq_bytes_a"] - row["seq_bytes_b"]) - row["table_bytes_b"]
+    assert kv["breakeven_paper"] == V and abs(kv["breakeven_tokens"] - V) < 8
+    assert kv["breakeven_context_batch"] == pytest.approx(kv["breakeven_tokens"] / kv["batch"])
+
+
+def test_bench_plots_and_metrics(tmp_path, capsys):
+    metrics = tmp_path / "bov" / "metrics.jsonl"
+    metrics.parent.mkdir()
+    metrics.write_text("\n".join(json.dumps(r) for r in [{"step": 0, "tokens": 0, "val_bpb": 3.0},
+                                                        {"step": 5, "tokens": 100, "train_loss": 2.0},
+                                                        {"step": 10, "tokens": 200, "val_bpb": 2.5}]) + "\n")
+    assert bench.read_metrics(str(metrics)) == [(0, 3.0), (200, 2.5)]
+    bench.fig5a(str(tmp_path / "fig5a.png"))
+    bench.val_curves([str(metrics)], str(tmp_path / "val.png"))
+    assert (tmp_path / "fig5a.png").stat().st_size > 1000 and (tmp_path / "val.png").stat().st_size > 1000
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--plot", "--plot_dir", str(tmp_path), str(tmp_path / "bad.jsonl")])
+    assert e.value.code == f"bench.py: error: {tmp_path / 'bad.jsonl'}:1 is not a JSON line"
+
+
+def test_bench_bad_arguments_are_one_line_errors(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--variants", "baseline", "nope", "--threads", "1"])
+    assert e.value.code.startswith("bench.py: error: unknown variant 'nope'") and "\n" not in e.value.code
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--config", "n_embd", "--threads", "1"])
+    assert "key=value" in e.value.code
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--contexts", "8", "--steps", "8"])
+    assert e.value.code == 2 and "must exceed --steps" in capsys.readouterr().err
