@@ -1,0 +1,565 @@
+"""
+Train a GPT, standard or Bank of Values, on a FLOP budget as the paper does (its Table 6).
+
+    python train.py                                       # size "cpu", BoV, offline Shakespeare, a few minutes on 2 cores
+    python train.py --variant=baseline                    # the same budget in FLOPs for standard attention
+    python train.py --size=paper_135m --variant=baseline --target_flops=1.5e18 --dry_run   # print the plan only
+    python train.py config/paper_135m.py --variant=bov    # a config file, then --key=value overrides
+    torchrun --standalone --nproc_per_node=8 train.py config/paper_135m.py
+
+Settings resolve in this order: the defaults below, the size's recipe (SIZE_DEFAULTS), an optional
+config file (Python assignments), then --key=value. Any GPTConfig field (n_layer, bov_layers, ...)
+is a key too. The resolved settings are printed and saved in the checkpoint.
+"""
+
+import bisect
+import json
+import math
+import os
+import random
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, fields
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from model import GPT, GPTConfig, SIZES, VARIANTS
+from prepare_data import DEFAULT_DATA_DIR, DataError, load_meta, load_token_bytes, load_tokens
+
+# -----------------------------------------------------------------------------
+# Defaults. Learning rates are the peak rates of the paper's 135M run (Table 6); configure_optimizers
+# scales the AdamW ones of embedding, lm_head and tables by (n_embd/768)^-0.5 as nanochat does.
+size = "cpu"
+variant = "bov"
+data_dir = DEFAULT_DATA_DIR
+out_dir = ""                 # default: out/<size>_<variant>
+# budget: exactly one of these decides the number of iterations
+target_flops = 0.0           # FLOPs = estimate_flops() x tokens, the paper's compute control
+target_tokens = 0
+max_iters = 0
+total_batch_tokens = 524288  # tokens per optimizer step, over all ranks and accumulation steps
+device_batch_size = 16       # sequences per forward pass on one device
+# optimisation
+matrix_lr = 0.02             # Muon
+embedding_lr = 0.30          # AdamW
+unembedding_lr = 0.008
+scalar_lr = 0.50             # gamma_v and the add coefficients
+table_lr = 0.15              # the BoV value tables
+weight_decay = 0.28          # Muon only
+warmup_iters = 40
+warmdown_frac = 0.35         # linear warmdown over the last 35% of the iterations ...
+final_lr_frac = 0.05         # ... down to 5% of the peak
+# evaluation, logging, checkpoints
+eval_interval = 250          # steps between validations (and checkpoints); the last step always evaluates
+eval_tokens = 10 * 524288    # size of the fixed validation slice (the paper's 41.9M: --eval_tokens=41.9e6)
+log_interval = 1
+core_eval = False            # run eval.py's CORE benchmark on the final model
+eval_bundle = ""             # the DCLM eval bundle for core_eval (default: eval.py's cache / download)
+# system
+seed = 1337
+device = "auto"              # auto | cpu | cuda | cuda:1 | mps
+dtype = "auto"               # auto (bf16 autocast on CUDA, fp32 elsewhere) | float32 | bfloat16
+compile = "auto"             # torch.compile the training model (auto: on CUDA)
+resume = False               # continue the run in out_dir from its checkpoint
+dry_run = False              # print the plan and exit (no model allocated, no data read)
+
+# Each size's recipe. paper_780m: the 135M rates x sqrt(2) for the doubled batch (nanochat's rule); with the
+# (1536/768)^-0.5 width scaling of the AdamW rates this gives Table 6's 0.0283 / 0.30 / 0.008 / 0.707 and 0.15.
+SIZE_DEFAULTS = {
+    "paper_135m": dict(target_flops=1.5e18, total_batch_tokens=2**19, device_batch_size=16, weight_decay=0.28),
+    "paper_780m": dict(target_flops=3.91e19, total_batch_tokens=2**20, device_batch_size=4, weight_decay=0.0597,
+                       matrix_lr=0.02 * 2**0.5, scalar_lr=0.5 * 2**0.5, embedding_lr=0.30 * 2**0.5,
+                       unembedding_lr=0.008 * 2**0.5, table_lr=0.15 * 2**0.5),
+    # ~0.5M tokens (about a third of an epoch of Shakespeare) in ~5 minutes on 2 CPU cores
+    "cpu": dict(target_flops=1.15e13, total_batch_tokens=4096, device_batch_size=16, warmup_iters=10,
+                eval_interval=40, eval_tokens=65536, log_interval=5),
+}
+TRAIN_KEYS = [k for k, v in globals().items() if k.islower() and not k.startswith("_") and isinstance(v, (int, float, bool, str))]
+MODEL_KEYS = [f.name for f in fields(GPTConfig)]
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 per GPU
+
+
+class ConfigError(Exception):
+    """A one-line problem with the settings, the data or the checkpoint."""
+
+
+# -----------------------------------------------------------------------------
+# settings
+
+def _parse_value(key, text, like):
+    if key == "bov_layers":
+        return text if text in ("last_third", "every_other", "all", "none") else tuple(int(i) for i in text.split(","))
+    if isinstance(like, bool):
+        if text.lower() in ("1", "true", "yes", "on", ""):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"expected true/false, got {text!r}")
+    if isinstance(like, int):
+        return int(float(text)) if "e" in text.lower() else int(text)
+    if isinstance(like, float):
+        return float(text)
+    return text
+
+
+def resolve_settings(argv):
+    """Defaults, then the size's recipe, then a config file, then --key=value. Returns (train dict, model overrides)."""
+    defaults = {k: globals()[k] for k in TRAIN_KEYS}
+    model_defaults = {f.name: f.default for f in fields(GPTConfig)}
+    given = {}
+    for arg in argv:
+        if not arg.startswith("--"):
+            if not os.path.isfile(arg):
+                raise ConfigError(f"config file {arg} not found")
+            scope = {}
+            exec(open(arg).read(), {}, scope)
+            for k, v in scope.items():
+                if not k.startswith("_"):
+                    given[k] = v
+            continue
+        key, _, text = arg[2:].partition("=")
+        if key not in defaults and key not in model_defaults:
+            raise ConfigError(f"unknown setting --{key}; settings are: {', '.join(TRAIN_KEYS + MODEL_KEYS)}")
+        like = defaults.get(key, model_defaults.get(key))
+        try:
+            given[key] = _parse_value(key, text if "=" in arg else "true", like)
+        except ValueError as e:
+            raise ConfigError(f"--{key}: {e}")
+    unknown = sorted(set(given) - set(defaults) - set(model_defaults))
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {', '.join(unknown)} in config file")
+    if given.get("size", defaults["size"]) not in SIZES:
+        raise ConfigError(f"unknown size {given['size']!r}; choose one of {', '.join(SIZES)}")
+    s = {**defaults, **SIZE_DEFAULTS[given.get("size", defaults["size"])]}
+    budget_keys = [k for k in ("target_flops", "target_tokens", "max_iters") if given.get(k)]
+    if len(budget_keys) > 1:
+        raise ConfigError(f"give one budget, not {' and '.join(budget_keys)}")
+    if budget_keys:  # an explicit budget replaces the size's
+        s.update(target_flops=0.0, target_tokens=0, max_iters=0)
+    s.update({k: v for k, v in given.items() if k in defaults})
+    if not (s["target_flops"] or s["target_tokens"] or s["max_iters"]):
+        raise ConfigError("no budget: give --target_flops, --target_tokens or --max_iters")
+    if s["variant"] not in VARIANTS:
+        raise ConfigError(f"unknown variant {s['variant']!r}; choose one of {', '.join(VARIANTS)}")
+    s["out_dir"] = s["out_dir"] or os.path.join("out", f"{s['size']}_{s['variant']}")
+    return s, {k: v for k, v in given.items() if k in model_defaults}
+
+
+def lr_multiplier(step, total, warmup, warmdown_frac, final_frac):
+    """Linear warmup, constant, then linear warmdown over the last warmdown_frac to final_frac (Table 6)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    warmdown = round(warmdown_frac * total)
+    if step < total - warmdown:
+        return 1.0
+    progress = (total - step) / max(warmdown, 1)  # 1 -> 0 over the warmdown
+    return final_frac + (1 - final_frac) * progress
+
+
+def plan_iterations(s, flops_per_token):
+    """Iterations from the budget: target_flops / (FLOPs per token x tokens per step), rounded."""
+    if s["max_iters"]:
+        return s["max_iters"]
+    tokens = s["target_tokens"] or s["target_flops"] / flops_per_token
+    return max(1, round(tokens / s["total_batch_tokens"]))
+
+
+# -----------------------------------------------------------------------------
+# data
+
+class Batches:
+    """Deterministic, resumable training rows of T + 1 tokens (inputs and shifted targets).
+
+    Every epoch, the documents (each starts at <|bos|>) are shuffled with the seed and the epoch,
+    documents longer than a row are cut into full rows at stride T, and the remaining pieces are
+    packed best-fit into rows, each row beginning with a <|bos|>-led piece where it has one; room a
+    row cannot fill is padding with target -1. So no token is dropped or repeated within an epoch,
+    and a sequence starts at <|bos|> wherever the data allows. The state is (epoch, row) and goes
+    into checkpoints; every rank reads the same rows and takes its own slice of them.
+    """
+
+    OPEN_ROWS = 256  # rows kept open for best-fit packing
+
+    def __init__(self, shards, bos_id, T, seed):
+        self.shards, self.bos_id, self.T, self.seed = shards, bos_id, T, seed
+        self.offsets = np.cumsum([0] + [len(sh) for sh in shards])  # global position of each shard's start
+        bounds = []
+        for sh, off in zip(shards, self.offsets):  # documents never cross shards
+            starts = np.flatnonzero(np.asarray(sh) == bos_id)
+            if len(starts) == 0 or starts[0] != 0:
+                starts = np.concatenate([[0], starts])
+            bounds.append(np.stack([starts, np.append(starts[1:], len(sh))], axis=1) + off)
+        self.doc_bounds = np.concatenate(bounds)
+        self.epoch, self.row = 0, 0
+        self._plan_epoch = None
+
+    def state(self):
+        return {"epoch": self.epoch, "row": self.row}
+
+    def load_state(self, state):
+        self.epoch, self.row = state["epoch"], state["row"]
+
+    def read(self, start, length):
+        k = np.searchsorted(self.offsets, start, side="right") - 1
+        lo = start - self.offsets[k]
+        return self.shards[k][lo:lo + length]
+
+    def plan(self, epoch):
+        """(ptr, segments): row r is segments[ptr[r]:ptr[r+1]], each (global start, length)."""
+        if self._plan_epoch == epoch:
+            return self._plan
+        rng = np.random.default_rng([self.seed, epoch])
+        T, R = self.T, self.T + 1
+        packed, pieces = [], []
+        for s, e in self.doc_bounds[rng.permutation(len(self.doc_bounds))]:
+            while e - s > R:         # full rows of a long document, stride T
+                packed.append([(s, R)])
+                s += T
+            if e - s >= 2:           # a piece needs an input and a target
+                pieces.append((s, e - s))
+        rows, room = [], []          # open rows and their free room, sorted by room
+        for piece in pieces:         # best fit: the open row with the least room that still fits
+            i = bisect.bisect_left(room, piece[1])
+            if i < len(room):
+                row, left = rows.pop(i), room.pop(i) - piece[1]
+                row.append(piece)
+            else:
+                row, left = [piece], R - piece[1]
+                if len(rows) == self.OPEN_ROWS:  # close the fullest open row
+                    packed.append(rows.pop(0))
+                    room.pop(0)
+            j = bisect.bisect_left(room, left)
+            rows.insert(j, row)
+            room.insert(j, left)
+        packed += rows
+        for row in packed:  # a <|bos|>-led piece first, where the row has one
+            row.sort(key=lambda p: int(self.read(p[0], 1)[0]) != self.bos_id)
+        packed = [packed[i] for i in rng.permutation(len(packed))]
+        ptr = np.cumsum([0] + [len(r) for r in packed])
+        segs = np.array([seg for r in packed for seg in r], dtype=np.int64).reshape(-1, 2)
+        self._plan_epoch, self._plan = epoch, (ptr, segs)
+        return self._plan
+
+    def rows_per_epoch(self):
+        return len(self.plan(0)[0]) - 1
+
+    def next_rows(self, n):
+        """The next n rows as an (n, T + 1) int64 array, -1 where a row is padded."""
+        out = np.full((n, self.T + 1), -1, dtype=np.int64)
+        for i in range(n):
+            ptr, segs = self.plan(self.epoch)
+            if self.row == len(ptr) - 1:
+                self.epoch, self.row = self.epoch + 1, 0
+                ptr, segs = self.plan(self.epoch)
+            pos = 0
+            for start, length in segs[ptr[self.row]:ptr[self.row + 1]]:
+                out[i, pos:pos + length] = self.read(start, length)
+                pos += length
+            self.row += 1
+        return out
+
+
+def to_batch(rows, bos_id, device):
+    """(B, T + 1) rows -> inputs (B, T) and targets (B, T); padded inputs read bos, padded targets are -1."""
+    rows = torch.from_numpy(rows)
+    x, y = rows[:, :-1].clone(), rows[:, 1:].clone()
+    x[x < 0] = bos_id
+    if device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+def val_rows(val_shards, T, n_tokens):
+    """A fixed validation slice: the first n_tokens of the val stream cut into rows of T + 1 at stride T."""
+    data = np.concatenate(val_shards) if len(val_shards) > 1 else np.asarray(val_shards[0])
+    n = min(int(n_tokens) // T, (len(data) - 1) // T)
+    if n < 1:
+        raise ConfigError(f"the validation split has {len(data)} tokens, fewer than one row of {T + 1}")
+    return np.stack([data[i * T:i * T + T + 1].astype(np.int64) for i in range(n)])
+
+
+@torch.no_grad()
+def evaluate(model, rows, token_bytes, batch_size, device, autocast, rank=0, world=1):
+    """Validation loss (nats per token) and bits per byte: the summed nats of the targets that are text
+    (special tokens have 0 bytes and are left out, as in nanochat) / ln 2 / their summed UTF-8 bytes."""
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # nats, tokens, text nats, text bytes
+    tb = torch.as_tensor(token_bytes, device=device)
+    for i in range(rank * batch_size, len(rows), world * batch_size):
+        x, y = to_batch(rows[i:i + batch_size], 0, device)
+        with autocast:
+            _, loss = model(x, y, reduction="none")
+        nbytes = tb[y.clamp(min=0)] * (y >= 0)
+        sums += torch.stack([loss.double().sum(), (y >= 0).sum().double(),
+                             (loss.double() * (nbytes > 0)).sum(), nbytes.sum().double()])
+    if world > 1:
+        dist.all_reduce(sums)
+    model.train()
+    nats, count, text_nats, text_bytes = sums.tolist()
+    return {"val_loss": nats / count, "val_bpb": text_nats / math.log(2) / text_bytes}
+
+
+# -----------------------------------------------------------------------------
+# checkpoints
+
+CKPT = "ckpt.pt"
+
+
+def rng_states():
+    """Every RNG's state in types that torch.load(weights_only=True) accepts."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    states = {"python": random.getstate(), "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
+              "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states):
+    random.setstate(tuple(states["python"][0:1]) + (tuple(states["python"][1]),) + tuple(states["python"][2:]))
+    name, keys, pos, has_gauss, gauss = states["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def load_resume(path, s, model_config):
+    """The checkpoint to continue, after checking it belongs to this run."""
+    if not os.path.exists(path):
+        raise ConfigError(f"--resume: no checkpoint at {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ConfigError(f"--resume: cannot read {path} ({type(e).__name__}); it is truncated or not a checkpoint")
+    for key in ("model", "model_config", "train_config", "optimizers", "step", "loader", "rng", "metrics"):
+        if key not in ckpt:
+            raise ConfigError(f"--resume: {path} is not a train.py checkpoint (no {key!r})")
+    saved, now = ckpt["model_config"], asdict(model_config)
+    if saved != now:
+        diff = ", ".join(f"{k}={saved.get(k)!r} there, {now.get(k)!r} here" for k in now if saved.get(k) != now[k])
+        raise ConfigError(f"--resume: {path} is a different model ({diff}); use the same settings or another --out_dir")
+    must_match = ("data_dir", "seed", "total_batch_tokens", "target_flops", "target_tokens", "max_iters")
+    saved = ckpt["train_config"]
+    diff = ", ".join(f"{k}={saved.get(k)!r} there, {s[k]!r} here" for k in must_match if saved.get(k) != s[k])
+    if diff:
+        raise ConfigError(f"--resume: {path} was trained with other settings ({diff}); use the same ones")
+    return ckpt
+
+
+def write_jsonl(path, records):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    os.replace(tmp, path)
+
+
+# -----------------------------------------------------------------------------
+
+def setup_device(s):
+    ddp = int(os.environ.get("RANK", -1)) != -1
+    if ddp:
+        rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    else:
+        rank, local_rank, world = 0, 0, 1
+    name = s["device"]
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else ("mps" if torch.backends.mps.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError("--device=cuda but no CUDA device is visible")
+        name = f"cuda:{local_rank}" if ddp else name
+        torch.cuda.set_device(name)
+    dev = torch.device(name)
+    if ddp:
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+    return dev, rank, world, ddp
+
+
+def main(argv):
+    s, model_overrides = resolve_settings(argv)
+    master = int(os.environ.get("RANK", 0)) == 0
+    log = print if master else (lambda *a, **k: None)
+
+    # The plan needs only the model's shapes: a meta-device model, no data.
+    meta = None
+    if not s["dry_run"]:  # the model's vocabulary is the data's unless given
+        meta = load_meta(s["data_dir"])
+        model_overrides.setdefault("vocab_size", meta["vocab_size"])
+    try:
+        model_config = GPTConfig.preset(s["size"], s["variant"], **model_overrides)
+    except ValueError as e:
+        raise ConfigError(str(e))
+    shapes = GPT.meta(model_config)
+    flops_per_token = shapes.estimate_flops()
+    counts = shapes.num_params()
+    iters = plan_iterations(s, flops_per_token)
+    T = model_config.block_size
+    tokens = iters * s["total_batch_tokens"]
+
+    log(f"settings: {json.dumps(s, sort_keys=True)}")
+    log(f"model: {json.dumps(asdict(model_config))}")
+    log(f"plan: {s['size']} / {s['variant']}: {counts['dense']:,} dense parameters ({counts['dense'] / 1e6:.1f}M)"
+        f" + {counts['tables']:,} in value tables; target layers {list(model_config.target_layers()) or 'none'}")
+    log(f"plan: {flops_per_token:,} FLOPs/token ({flops_per_token:.3e}), {s['total_batch_tokens']:,} tokens/step")
+    budget = (f"{s['target_flops']:.3g} FLOPs" if s["target_flops"] else
+              f"{s['target_tokens']:,} tokens" if s["target_tokens"] else f"--max_iters")
+    log(f"plan: {budget} -> {iters:,} iterations, {tokens:,} tokens ({tokens / 1e9:.2f}B), "
+        f"{flops_per_token * tokens:.3g} FLOPs, tokens:params {tokens / counts['scaling']:.1f}")
+    if s["dry_run"]:
+        return None
+
+    dev, rank, world, ddp = setup_device(s)
+    if s["total_batch_tokens"] % (s["device_batch_size"] * T * world):
+        raise ConfigError(f"total_batch_tokens {s['total_batch_tokens']:,} is not a multiple of "
+                          f"device_batch_size x block_size x ranks = {s['device_batch_size']} x {T} x {world}")
+    accum = s["total_batch_tokens"] // (s["device_batch_size"] * T * world)
+    log(f"plan: {s['total_batch_tokens']:,} tokens/step = {s['device_batch_size']} x {T} tokens x {accum} accumulation x {world} ranks")
+
+    # data
+    dtype_max = np.iinfo(np.dtype(meta["dtype"])).max
+    if model_config.vocab_size < meta["vocab_size"]:
+        raise ConfigError(f"vocab_size {model_config.vocab_size} is smaller than the data's vocabulary ({meta['vocab_size']})")
+    if model_config.vocab_size > dtype_max + 1:
+        raise ConfigError(f"vocab_size {model_config.vocab_size} is larger than the data's {meta['dtype']} ids can hold")
+    loader = Batches(load_tokens(s["data_dir"], "train"), meta["bos_id"], T, s["seed"])
+    val = val_rows(load_tokens(s["data_dir"], "val"), T, s["eval_tokens"])
+    token_bytes = load_token_bytes(s["data_dir"])
+    epoch_tokens = loader.rows_per_epoch() * T
+    log(f"data: {s['data_dir']}: {meta['train_tokens']:,} train tokens, {loader.rows_per_epoch():,} rows of {T + 1} per epoch;"
+        f" validation slice {val.size:,} tokens")
+    if tokens > epoch_tokens:
+        log(f"WARNING: this run reads {tokens / epoch_tokens:.2f} epochs of {s['data_dir']}; the paper's regime is a single epoch "
+            f"and BoV's tables memorise repeated data (gamma_v grows). Lower the budget or prepare more data.")
+
+    # model and optimisers
+    torch.manual_seed(s["seed"])
+    random.seed(s["seed"])
+    np.random.seed(s["seed"])
+    model = GPT(model_config, device=dev)
+    optimizers = model.configure_optimizers(s["matrix_lr"], s["embedding_lr"], s["unembedding_lr"],
+                                            s["scalar_lr"], s["table_lr"], s["weight_decay"])
+    ckpt_path = os.path.join(s["out_dir"], CKPT)
+    metrics_path = os.path.join(s["out_dir"], "metrics.jsonl")
+    step, metrics = 0, []
+    if s["resume"]:
+        ckpt = load_resume(ckpt_path, s, model_config)
+        model.load_state_dict(ckpt["model"])
+        for opt, state in zip(optimizers, ckpt["optimizers"]):
+            opt.load_state_dict(state)
+        loader.load_state(ckpt["loader"])
+        set_rng_states(ckpt["rng"])
+        step, metrics = ckpt["step"], ckpt["metrics"]
+        log(f"resumed {ckpt_path} at step {step}")
+        del ckpt
+    elif os.path.exists(ckpt_path):
+        raise ConfigError(f"{ckpt_path} exists; pass --resume to continue that run, or choose another --out_dir")
+    if master:
+        os.makedirs(s["out_dir"], exist_ok=True)
+        write_jsonl(metrics_path, metrics)
+
+    use_cuda = dev.type == "cuda"
+    if use_cuda:
+        torch.set_float32_matmul_precision("high")  # TF32
+    amp = {"auto": torch.bfloat16 if use_cuda else None, "float32": None, "bfloat16": torch.bfloat16}[s["dtype"]]
+    autocast = torch.autocast(dev.type, dtype=amp) if amp else nullcontext()
+    train_model = model
+    if (s["compile"] == "auto" and use_cuda) or str(s["compile"]).lower() in ("true", "1", "yes", "on"):
+        train_model = torch.compile(model)
+    if ddp:
+        from torch.nn.parallel import DistributedDataParallel
+        train_model = DistributedDataParallel(train_model, device_ids=[dev.index] if use_cuda else None)
+    peak = next((v for k, v in PEAK_FLOPS.items() if use_cuda and k in torch.cuda.get_device_name(dev)), None)
+
+    def checkpoint():
+        model.save_checkpoint(ckpt_path, train_config=s, data_dir=s["data_dir"], step=step,
+                              optimizers=[o.state_dict() for o in optimizers], loader=loader.state(),
+                              rng=rng_states(), metrics=metrics)
+
+    def run_eval():
+        r = evaluate(model, val, token_bytes, s["device_batch_size"], dev, autocast, rank, world)
+        rec = {"type": "eval", "step": step, "tokens": step * s["total_batch_tokens"],
+               "flops": step * s["total_batch_tokens"] * flops_per_token, **r,
+               "coefficients": {str(k): v for k, v in model.coefficient_values().items()}}
+        metrics.append(rec)
+        coeffs = " ".join(f"L{k}:" + ",".join(f"{x:.2f}" for x in v.values()) for k, v in rec["coefficients"].items())
+        log(f"eval step {step}: val loss {r['val_loss']:.4f}, val bpb {r['val_bpb']:.4f}" + (f" | coeff {coeffs}" if coeffs else ""))
+        return rec
+
+    # the loop
+    smooth, t_start, t_last = 0.0, time.time(), time.time()
+    start_step = step
+    while True:
+        last = step == iters
+        resumed_here = step == start_step and any(m["type"] == "eval" and m["step"] == step for m in metrics)
+        if (step % s["eval_interval"] == 0 or last) and not resumed_here:
+            run_eval()
+            if master and (step > start_step or last):
+                checkpoint()
+                write_jsonl(metrics_path, metrics)
+        if last:
+            break
+        lrm = lr_multiplier(step, iters, s["warmup_iters"], s["warmdown_frac"], s["final_lr_frac"])
+        for opt in optimizers:
+            for g in opt.param_groups:
+                g["lr"] = g["initial_lr"] * lrm
+        epoch_before = loader.epoch
+        step_rows = loader.next_rows(s["device_batch_size"] * accum * world)
+        if loader.epoch != epoch_before:
+            log(f"WARNING: step {step + 1} starts epoch {loader.epoch + 1} of {s['data_dir']}: the run is past a single epoch")
+        loss_sum = 0.0
+        for micro in range(accum):
+            lo = (micro * world + rank) * s["device_batch_size"]
+            x, y = to_batch(step_rows[lo:lo + s["device_batch_size"]], meta["bos_id"], dev)
+            sync = nullcontext() if not ddp or micro == accum - 1 else train_model.no_sync()
+            with sync, autocast:
+                _, loss = train_model(x, y)
+            (loss / accum).backward()
+            loss_sum += loss.detach()
+        for opt in optimizers:
+            opt.step()
+        model.zero_grad(set_to_none=True)
+        loss_val = (loss_sum / accum).item()
+        if ddp:
+            loss_t = torch.tensor(loss_val, device=dev)
+            dist.all_reduce(loss_t, op=dist.ReduceOp.AVG)
+            loss_val = loss_t.item()
+        if not math.isfinite(loss_val):
+            kept = f"the last good checkpoint is {ckpt_path}" if os.path.exists(ckpt_path) else "no checkpoint was written"
+            raise ConfigError(f"loss is {loss_val} at step {step}; stopping ({kept}). Try a lower learning rate.")
+        step += 1
+        smooth = 0.9 * smooth + 0.1 * loss_val
+        now = time.time()
+        dt, t_last = now - t_last, now
+        if step % s["log_interval"] == 0 or step == iters:
+            tok_s = s["total_batch_tokens"] / dt
+            mfu = f" | mfu {100 * flops_per_token * tok_s / (peak * world):.1f}%" if peak else ""
+            eta = (now - t_start) / (step - start_step) * (iters - step)
+            log(f"step {step}/{iters} | loss {smooth / (1 - 0.9 ** (step - start_step)):.4f} | lrm {lrm:.2f} | "
+                f"dt {dt * 1000:.0f} ms | tok/s {tok_s:,.0f}{mfu} | eta {eta / 60:.1f}m")
+            metrics.append({"type": "train", "step": step, "tokens": step * s["total_batch_tokens"], "loss": loss_val, "lrm": lrm})
+
+    final = metrics[-1] if metrics and metrics[-1]["type"] == "eval" else run_eval()
+    if master:
+        log(f"done: {step} steps, {step * s['total_batch_tokens']:,} tokens, val bpb {final['val_bpb']:.4f}, "
+            f"{(time.time() - t_start) / 60:.1f} min; checkpoint {ckpt_path}")
+        if s["core_eval"]:
+            from eval import evaluate_core
+            from prepare_data import load_tokenizer
+            result = evaluate_core(model, load_tokenizer(s["data_dir"]), s["eval_bundle"] or None, device=dev)
+            log(f"CORE {result['core']:.4f}")
+    if ddp:
+        dist.destroy_process_group()
+    return final
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
