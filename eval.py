@@ -368,6 +368,9 @@ def evaluate_core(model, tokenizer, bundle_dir=None, tasks=None, max_per_task=No
     missing = [t for t in tasks if t not in baselines]
     if missing:
         raise EvalError(f"{bundle}/eval_meta_data.csv has no random baseline for {', '.join(missing)}")
+    missing = [TASKS[t].path for t in tasks if not os.path.isfile(os.path.join(bundle, "eval_data", TASKS[t].path))]
+    if missing:  # before hours of work, not after
+        raise EvalError(f"{bundle}/eval_data lacks {', '.join(missing)}")
     if device is None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
     was_training = model.training
@@ -402,7 +405,7 @@ def format_table(result):
     name = "CORE" if n == len(TASKS) else f"CORE ({n} of {len(TASKS)} tasks)"
     if result["max_per_task"]:
         name += f", at most {result['max_per_task']} items per task"
-    lines.append(f"{name:<74} {result['core']:>+9.4f}")
+    lines.append(f"{name:<72} {result['core']:>+9.4f}")
     return "\n".join(lines)
 
 
@@ -451,6 +454,8 @@ def main(argv=None):
             raise EvalError(f"the tokenizer of {ckpt['data_dir']} has {tokenizer.vocab_size} tokens, "
                             f"the model only {model.config.vocab_size}")
         result = evaluate_core(model, tokenizer, bundle, tasks, args.max_per_task, args.device, args.batch_size)
+    except torch.OutOfMemoryError:
+        sys.exit(f"eval.py: error: out of memory on {args.device}; lower --batch_size (now {args.batch_size})")
     except (EvalError, DataError, FileNotFoundError, ValueError, RuntimeError) as e:
         sys.exit(f"eval.py: error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
     except KeyboardInterrupt:
