@@ -20,7 +20,11 @@ CORE is the unweighted mean of the centered accuracies of the 21 tasks.
 The bundle (nanochat's eval_bundle.zip, unzipped) is a folder holding
     eval_meta_data.csv    one row per task: "Eval Task" (the label) and "Random baseline" (in %)
     eval_data/<category>/<task>.jsonl   one JSON item per line (the paths are in TASKS below)
-Without --bundle it is downloaded once into ~/.cache/bov/eval_bundle.
+Without --bundle it is downloaded once into ~/.cache/bov/eval_bundle ($XDG_CACHE_HOME is
+respected; BOV_EVAL_BUNDLE_URL replaces the URL, e.g. with a mirror).
+
+--max_per_task N scores the first N items after a fixed shuffle (nanochat's); few-shot examples
+always come from the whole task, so an item's prompt is the same in a subset as in a full run.
 """
 
 import argparse
