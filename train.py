@@ -490,6 +490,11 @@ def main(argv):
         log(f"eval step {step}: val loss {r['val_loss']:.4f}, val bpb {r['val_bpb']:.4f}" + (f" | coeff {coeffs}" if coeffs else ""))
         return rec
 
+    def check_finite(value, what):
+        if not math.isfinite(value):
+            kept = f"the last good checkpoint is {ckpt_path}" if os.path.exists(ckpt_path) else "no checkpoint was written"
+            raise ConfigError(f"{what} is {value} at step {step}; stopping ({kept}). Try a lower learning rate.")
+
     # the loop
     smooth, t_start, t_last = 0.0, time.time(), time.time()
     start_step = step
@@ -497,7 +502,7 @@ def main(argv):
         last = step == iters
         resumed_here = step == start_step and any(m["type"] == "eval" and m["step"] == step for m in metrics)
         if (step % s["eval_interval"] == 0 or last) and not resumed_here:
-            run_eval()
+            check_finite(run_eval()["val_loss"], "val loss")
             if master and (step > start_step or last):
                 checkpoint()
                 write_jsonl(metrics_path, metrics)
@@ -528,9 +533,7 @@ def main(argv):
             loss_t = torch.tensor(loss_val, device=dev)
             dist.all_reduce(loss_t, op=dist.ReduceOp.AVG)
             loss_val = loss_t.item()
-        if not math.isfinite(loss_val):
-            kept = f"the last good checkpoint is {ckpt_path}" if os.path.exists(ckpt_path) else "no checkpoint was written"
-            raise ConfigError(f"loss is {loss_val} at step {step}; stopping ({kept}). Try a lower learning rate.")
+        check_finite(loss_val, "loss")
         step += 1
         smooth = 0.9 * smooth + 0.1 * loss_val
         now = time.time()

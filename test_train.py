@@ -1,0 +1,238 @@
+"""Tests of train.py: budget arithmetic, the loader, bits per byte, exact resume, DDP, bad input."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from model import GPT, GPTConfig
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# A model small enough that a step takes milliseconds on a CPU.
+TINY = ["--n_layer=2", "--n_embd=32", "--n_head=2", "--block_size=32", "--device_batch_size=4",
+        "--total_batch_tokens=128", "--warmup_iters=2", "--eval_tokens=2048", "--device=cpu", "--seed=3",
+        "--log_interval=1"]
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    """A small corpus prepared by prepare_data.py: short and long documents, so the loader packs and cuts."""
+    root = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+    words = "the of and to a in that is was he for it with as his on be at by i this had not are but from".split()
+    for i in range(60):
+        n = 30 if i % 3 else 800  # every third document is longer than a row
+        text = " ".join(rng.choice(words, size=n)) + ".\n"
+        (root / f"doc{i:03d}.txt").write_text(text)
+    out = root / "data"
+    subprocess.run([sys.executable, "prepare_data.py", f"--source=files:{root}/*.txt", f"--out_dir={out}",
+                    "--vocab_size=300", "--val_tokens=3000"], cwd=HERE, check=True, capture_output=True)
+    return str(out)
+
+
+def run_train(args, **kw):
+    return subprocess.run([sys.executable, "train.py", *args], cwd=HERE, capture_output=True, text=True, timeout=300, **kw)
+
+
+def records(out_dir, kind):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [r for r in map(json.loads, f) if r["type"] == kind]
+
+
+# ---------------------------------------------------------------------------- the plan
+
+def test_dry_run_plans_the_papers_135m_budget_fast(capsys):
+    t = time.time()
+    train.main(["--size=paper_135m", "--variant=baseline", "--target_flops=1.5e18", "--dry_run", "--data_dir=/nonexistent"])
+    out = capsys.readouterr().out
+    assert "759,693,312 FLOPs/token" in out
+    assert "-> 3,766 iterations" in out and "1.97B" in out and "tokens:params 17.9" in out
+    assert time.time() - t < 5  # a meta-device model: nothing allocated, no data read
+    train.main(["--size=paper_135m", "--variant=bov", "--dry_run"])
+    # BoV's lower FLOPs/token (745,537,536) buy more steps for the same 1.5e18 FLOPs
+    out = capsys.readouterr().out
+    assert f"-> {round(1.5e18 / (745_537_536 * 524_288)):,} iterations" in out and "3,838" in out
+
+
+def test_budget_arithmetic():
+    s, _ = train.resolve_settings(["--size=paper_135m"])
+    assert train.plan_iterations(s, 759_693_312) == 3766
+    s, _ = train.resolve_settings(["--size=paper_780m"])
+    assert s["total_batch_tokens"] == 2**20 and train.plan_iterations(s, 4_775_215_104) == 7809  # Table 6
+    s, _ = train.resolve_settings(["--size=paper_135m", "--target_tokens=1e9"])
+    assert s["target_flops"] == 0 and train.plan_iterations(s, 1) == round(1e9 / 524288)
+    s, _ = train.resolve_settings(["--size=paper_135m", "--max_iters=10"])
+    assert train.plan_iterations(s, 1) == 10
+
+
+def test_the_780m_recipe_gives_table_6_rates():
+    s, _ = train.resolve_settings(["--size=paper_780m", "--variant=bov"])
+    model = GPT.meta(GPTConfig.preset("paper_780m", "bov"))
+    muon, adamw = model.configure_optimizers(s["matrix_lr"], s["embedding_lr"], s["unembedding_lr"],
+                                             s["scalar_lr"], s["table_lr"], s["weight_decay"])
+    lrs = {g["name"]: round(g["lr"], 4) for g in adamw.param_groups}
+    assert lrs == {"embedding": 0.30, "lm_head": 0.008, "tables": 0.15, "scalars": 0.7071}
+    assert round(muon.param_groups[0]["lr"], 4) == 0.0283 and muon.param_groups[0]["weight_decay"] == 0.0597
+
+
+def test_lr_schedule():
+    f = lambda step: train.lr_multiplier(step, 100, 40, 0.35, 0.05)
+    assert f(0) == 1 / 40 and f(39) == 1.0 and f(64) == 1.0
+    assert f(65) == pytest.approx(1.0) and f(100) == pytest.approx(0.05)
+    assert f(82) == pytest.approx(0.05 + 0.95 * 18 / 35)
+
+
+# ---------------------------------------------------------------------------- the loader
+
+def test_loader_covers_every_token_once_and_starts_rows_at_bos():
+    bos, T = 0, 16
+    rng = np.random.default_rng(1)
+    docs = [np.concatenate([[bos], rng.integers(1, 50, size=n)]) for n in (5, 40, 3, 7, 100, 12, 9, 1, 30)]
+    shards = [np.concatenate(docs[:5]), np.concatenate(docs[5:])]
+    loader = train.Batches(shards, bos, T, seed=0)
+    ptr, segs = loader.plan(0)
+    covered = np.zeros(sum(map(len, shards)), dtype=int)
+    for start, length in segs:
+        assert length <= T + 1
+        covered[start:start + length] += 1
+    # every token is read; a token is read twice only where a long document is cut (stride T rows share it)
+    cuts = sum(math.ceil((len(d) - T - 1) / T) for d in docs if len(d) > T + 1)
+    assert covered.min() >= 1 and covered.max() <= 2 and (covered == 2).sum() == cuts == 9
+    # the rows that contain the start of a document begin with it
+    for r in range(len(ptr) - 1):
+        firsts = [loader.read(s, 1)[0] for s, _ in segs[ptr[r]:ptr[r + 1]]]
+        if bos in firsts:
+            assert firsts[0] == bos
+    # deterministic from the seed, resumable, and reshuffled by epoch
+    rows = loader.next_rows(7)
+    state = loader.state()
+    more = loader.next_rows(20)
+    again = train.Batches(shards, bos, T, seed=0)
+    assert np.array_equal(again.next_rows(7), rows)
+    resumed = train.Batches(shards, bos, T, seed=0)
+    resumed.load_state(state)
+    assert np.array_equal(resumed.next_rows(20), more)
+    assert loader.epoch >= 1 and not np.array_equal(loader.plan(1)[1], loader.plan(0)[1])
+
+
+def test_bits_per_byte_against_the_formula():
+    """A model that predicts the uniform distribution loses ln|V| nats on every token."""
+    V, T = 50, 8
+    model = GPT(GPTConfig.preset("cpu", "bov", n_layer=1, n_embd=16, n_head=2, vocab_size=V, block_size=T))
+    torch.nn.init.zeros_(model.lm_head.weight)
+    rows = np.random.default_rng(0).integers(0, V, size=(5, T + 1))
+    token_bytes = np.arange(V, dtype=np.int32) % 4  # ids divisible by 4 count 0 bytes, like special tokens
+    r = train.evaluate(model, rows, token_bytes, 2, torch.device("cpu"), train.nullcontext())
+    targets = rows[:, 1:]
+    assert r["val_loss"] == pytest.approx(math.log(V))
+    expected = (targets % 4 > 0).sum() * math.log(V) / math.log(2) / token_bytes[targets].sum()
+    assert r["val_bpb"] == pytest.approx(expected)
+
+
+# ---------------------------------------------------------------------------- training runs
+
+def test_training_lowers_the_loss_and_logs_coefficients(data_dir, tmp_path, capsys):
+    out = str(tmp_path / "run")
+    train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=30", "--eval_interval=10", "--variant=t1_r13"])
+    stdout = capsys.readouterr().out
+    evals = records(out, "eval")
+    assert [e["step"] for e in evals] == [0, 10, 20, 30]
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 1.0
+    assert set(evals[-1]["coefficients"]) == {"1"} and set(evals[-1]["coefficients"]["1"]) == {"alpha_v", "beta_v"}
+    assert evals[0]["coefficients"]["1"] == {"alpha_v": 1.0, "beta_v": 0.0}
+    assert evals[-1]["coefficients"]["1"]["beta_v"] != 0.0
+    assert "val bpb" in stdout and "done: 30 steps" in stdout
+    model, ckpt = GPT.from_checkpoint(os.path.join(out, "ckpt.pt"))
+    assert ckpt["step"] == 30 and ckpt["data_dir"] == data_dir
+    assert not [p for p in os.listdir(out) if "tmp" in p]
+
+
+def test_resume_after_sigkill_is_bit_exact(data_dir, tmp_path, capsys):
+    args = [*TINY, f"--data_dir={data_dir}", "--max_iters=60", "--eval_interval=2"]
+    full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
+    train.main([*args, f"--out_dir={full}"])
+    proc = subprocess.Popen([sys.executable, "train.py", *args, f"--out_dir={cut}"], cwd=HERE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = os.path.join(cut, "ckpt.pt")
+    deadline = time.time() + 120
+    while not os.path.exists(ckpt) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = torch.load(ckpt, weights_only=True)["step"]
+    assert killed_at < 60, "the run finished before it could be killed"
+    capsys.readouterr()
+    train.main([*args, f"--out_dir={cut}", "--resume"])
+    assert f"resumed {ckpt} at step {killed_at}" in capsys.readouterr().out
+    a = torch.load(os.path.join(full, "ckpt.pt"), weights_only=True)
+    b = torch.load(ckpt, weights_only=True)
+    assert a["step"] == b["step"] == 60
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert records(full, "eval")[-1]["val_loss"] == records(cut, "eval")[-1]["val_loss"]
+    assert [r["loss"] for r in records(full, "train")] == [r["loss"] for r in records(cut, "train")]
+
+
+def test_two_gloo_ranks_match_one_process(data_dir, tmp_path, capsys):
+    args = [*TINY, f"--data_dir={data_dir}", "--max_iters=6", "--eval_interval=3", "--total_batch_tokens=256"]
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    train.main([*args, f"--out_dir={one}"])
+    assert "4 x 32 tokens x 2 accumulation x 1 ranks" in capsys.readouterr().out
+    r2 = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                         "train.py", *args, f"--out_dir={two}"], cwd=HERE, capture_output=True, text=True, timeout=300)
+    assert r2.returncode == 0, r2.stderr[-2000:]
+    assert "4 x 32 tokens x 1 accumulation x 2 ranks" in r2.stdout
+    l1, l2 = [r["loss"] for r in records(one, "train")], [r["loss"] for r in records(two, "train")]
+    assert len(l1) == len(l2) == 6
+    np.testing.assert_allclose(l1, l2, rtol=1e-5)
+    np.testing.assert_allclose(records(one, "eval")[-1]["val_loss"], records(two, "eval")[-1]["val_loss"], rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------- bad input
+
+def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
+    out = str(tmp_path / "run")
+    base = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=2"]
+
+    def error(args):
+        with pytest.raises((train.ConfigError, train.DataError)) as e:
+            train.main(args)
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    assert "unknown setting --n_layers" in error([*base, "--n_layers=3"])
+    assert "unknown variant" in error([*base, "--variant=bovv"])
+    assert "give one budget" in error([*base, "--target_flops=1e12"])
+    assert "no prepared data" in error([*TINY, "--data_dir=/nonexistent", "--max_iters=2"])
+    assert "--resume: no checkpoint" in error([*base, "--resume"])
+    assert "larger than the data's uint16" in error([*base, "--vocab_size=70000"])
+    assert "smaller than the data's vocabulary" in error([*base, "--vocab_size=100"])
+    assert "layer 0 produces V1" in error([*base, "--variant=svformer", "--bov_layers=0,1"])
+    train.main(base)
+    ckpt = os.path.join(out, "ckpt.pt")
+    before = open(ckpt, "rb").read()
+    assert "pass --resume" in error(base)                                   # never overwrite a run
+    assert "different model" in error([*base, "--resume", "--n_layer=3"])   # another config
+    assert "other settings" in error([*base, "--resume", "--seed=4"])
+    assert open(ckpt, "rb").read() == before
+    open(ckpt, "wb").write(before[:len(before) // 2])                       # truncated
+    assert "truncated or not a checkpoint" in error([*base, "--resume"])
+    # and on the command line it is one line on stderr, no traceback
+    r = run_train([*base, "--resume"])
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [f"error: {error([*base, '--resume'])}"]
+
+
+def test_a_nan_loss_stops_the_run_and_keeps_the_checkpoint(data_dir, tmp_path):
+    out = str(tmp_path / "run")
+    args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--eval_interval=2", "--max_iters=40"]
+    with pytest.raises(train.ConfigError, match=r"loss is (nan|inf) at step \d+; stopping \(the last good checkpoint is"):
+        train.main([*args, "--matrix_lr=1e4", "--warmup_iters=1"])  # diverges within a few steps
+    saved = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)  # the last good checkpoint is intact
+    assert all(torch.isfinite(v).all() for v in saved["model"].values())
