@@ -290,8 +290,8 @@ def test_the_21_tasks_of_the_paper():
     kinds = {k: sorted(t for t in ev.TASKS if ev.TASKS[t].kind == k) for k in ("mc", "schema", "lm")}
     assert kinds["schema"] == ["winograd", "winogrande"]
     assert len(kinds["mc"]) == 10 and len(kinds["lm"]) == 9
-    assert {t: ev.TASKS[t].shots for t in ("arc_easy", "copa", "hellaswag", "agi_eval_lsat_ar", "coqa")} == \
-        {"arc_easy": 10, "copa": 0, "hellaswag": 10, "agi_eval_lsat_ar": 3, "coqa": 0}
+    assert {t: ev.TASKS[t].shots for t in ("arc_easy", "arc_challenge", "winogrande", "copa", "hellaswag", "agi_eval_lsat_ar", "coqa")} == \
+        {"arc_easy": 25, "arc_challenge": 25, "winogrande": 5, "copa": 0, "hellaswag": 10, "agi_eval_lsat_ar": 3, "coqa": 0}
     assert {t for t in ev.TASKS if ev.TASKS[t].delimiter != " "} == {"jeopardy", "arc_easy", "arc_challenge", "piqa", "boolq"}
 
 
