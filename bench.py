@@ -252,13 +252,15 @@ class Bench:
 
 
 def paired(a, b):
-    """medians of A and B and the median of the per-round ratios B/A."""
-    return dict(a=statistics.median(a), b=statistics.median(b), ratio=statistics.median(y / x for x, y in zip(a, b)))
+    """medians of A and B, and the median and quartiles of the per-round ratios B/A (their spread
+    says how far to trust the ratio on a busy machine)."""
+    ratios = sorted(y / x for x, y in zip(a, b))
+    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return dict(a=statistics.median(a), b=statistics.median(b), ratio=statistics.median(ratios), ratio_q1=q1, ratio_q3=q3)
 
 
 def measure(benches, contexts, steps, rounds, log):
     """Interleaved timings: after one warm-up round, `rounds` rounds of A then B for every measurement."""
-    a, b = benches
     runs = {("decode", c): ([], []) for c in contexts} | {("prefill", c): ([], []) for c in contexts}
     runs["train_ms"] = ([], [])
     for r in range(rounds + 1):
@@ -278,7 +280,7 @@ def measure(benches, contexts, steps, rounds, log):
         out["decode_tok_s"][c] = paired(*runs["decode", c])
         out["prefill_tok_s"][c] = paired(*runs["prefill", c])
     out["train_step_ms"] = paired(*runs["train_ms"])
-    out["rounds"] = {"decode": dict(zip(map(str, contexts), (runs["decode", c] for c in contexts))),
+    out["per_round"] = {"decode": dict(zip(map(str, contexts), (runs["decode", c] for c in contexts))),
                      "train_ms": runs["train_ms"]}
     log("peak memory")
     mem = [bench.memory(max(contexts), steps) for bench in benches]
@@ -311,16 +313,16 @@ def cache_allocated(benches, context):
 
 def fig5a(path):
     """The paper's Fig 5a: V-cache memory saved by BoV, in %, against context length T (16K..1M), for the
-    nanochat (32,768) and Qwen3 (151,936) vocabularies, at paper_780m in bfloat16.
+    nanochat (32,768) and Qwen3 (151,936) vocabularies, at paper_780m in bfloat16:
 
-        saved % = 100 x net saving / V cache of standard attention
-                = 100 x [L d T - (2/3 L d T ... the V rows BoV still caches) - tables] / (L d T)
-                = 100 x (n_bov / L) (1 - |V| / T)   (eq. 6 over L d T; + BoV's int32 id per token)
+        saved % = 100 x (V cache of the baseline - V cache of BoV - BoV's tables) / V cache of the baseline
+                = 100 x n_bov d (T - |V|) / (L d T)  =  100 (n_bov / L) (1 - |V| / T)
 
-    i.e. the caption's "fraction of V cache memory saved", relative to the V cache of all L layers: it
-    crosses 0 at T = |V| and saturates at n_bov / L = 1/3. Dashed: the same saving relative to the whole
-    K+V cache (saturates at 1/6); the paper's axis (-5..20 %) matches this normalisation better, so
-    both are drawn. Neither depends on L or d once BoV takes the last third."""
+    i.e. eq. 6 over the baseline's V cache of all L layers (the caption's "fraction of V cache memory
+    saved"), computed with kv_cache_bytes/table_bytes, so BoV's int32 id per token is in. It crosses 0
+    at T = |V| and saturates at n_bov / L = 1/3. Dashed: the same saving over the whole K+V cache
+    (saturates at 1/6); the paper's axis (-5..20 %) fits this one better, so both are drawn. Neither
+    depends on L or d once BoV takes the last third of the layers."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -433,15 +435,19 @@ def report(r):
     lines.append(f"  B/A measured {f['ratio']:.4f}")
     for size, kv in r["kv_cache"].items():
         be = kv["breakeven_tokens"]
-        lines += ["", f"KV cache at size {size} ({kv['dtype']}; batch {kv['batch']} shares the tables); net saving = "
-                  f"A cache + A tables - B cache - B tables"]
-        lines.append("  breakeven: " + (f"T = {be:,.0f} tokens for one sequence (paper: T = |V| = {kv['breakeven_paper']:,}), "
-                                        f"T = {kv['breakeven_context_batch']:,.0f} per sequence for the batch (B*T = {be:,.0f})"
+        lines += ["", f"KV cache at size {size} ({kv['dtype']}, batch {kv['batch']}); value tables: A {human(kv['rows'][0]['table_bytes_a'])}, "
+                  f"B {human(kv['rows'][0]['table_bytes_b'])} (one copy, shared by the batch); "
+                  f"saving = A cache + A tables - B cache - B tables"]
+        lines.append("  breakeven: " + (f"T = {be:,.0f} tokens for one sequence (paper: T = |V| = {kv['breakeven_paper']:,}); "
+                                        f"B*T = {be:,.0f}, i.e. T = {kv['breakeven_context_batch']:,.0f} for the batch"
                                         if be is not None else "none (B saves no cache per token)"))
-        lines.append(f"  {'context':>8} {'A / seq':>11} {'B / seq':>11} {'B tables':>11} {'saving / seq':>13} {'saving / batch':>15}")
+        lines.append(f"  {'context':>8} {'A / seq':>11} {'B / seq':>11} {'A / batch':>11} {'B / batch':>11} "
+                     f"{'saving / seq':>13} {'saving / batch':>15}")
         for row in kv["rows"]:
+            n = kv["batch"]
             lines.append(f"  {context_name(row['context']):>8} {human(row['seq_bytes_a']):>11} {human(row['seq_bytes_b']):>11} "
-                         f"{human(row['table_bytes_b']):>11} {human(row['net_saving_seq']):>13} {human(row['net_saving_batch']):>15}")
+                         f"{human(n * row['seq_bytes_a']):>11} {human(n * row['seq_bytes_b']):>11} "
+                         f"{human(row['net_saving_seq']):>13} {human(row['net_saving_batch']):>15}")
     c = r["cache_allocated"]
     lines += ["", f"Decode cache allocated (KVCache.nbytes() after a prefill to {c['a']['context']} tokens, {c['a']['dtype']})"]
     for k, name in (("a", a), ("b", b)):
@@ -452,8 +458,9 @@ def report(r):
                  f"{c['ratio_expected']:.6f}")
     s = r["speed"]
     lines += ["", f"Speed and memory ({s['rounds_run']} rounds, A and B interleaved; medians; B/A = median of per-round ratios)"]
-    lines.append(f"  {'':<28} {a:>12} {b:>12} {'B/A':>7}")
-    row = lambda label, m, fmt: lines.append(f"  {label:<28} {fmt(m['a']):>12} {fmt(m['b']):>12} {m['ratio']:>7.3f}")
+    lines.append(f"  {'':<32} {a:>12} {b:>12} {'B/A':>7}  {'quartiles':>11}")
+    row = lambda label, m, fmt: lines.append(f"  {label:<32} {fmt(m['a']):>12} {fmt(m['b']):>12} {m['ratio']:>7.3f}"
+                                             + (f"  {m['ratio_q1']:.3f}-{m['ratio_q3']:.3f}" if "ratio_q1" in m else ""))
     for ctx, m in s["prefill_tok_s"].items():
         row(f"prefill tok/s, {int(ctx) - s['steps']} tokens", m, lambda x: f"{x:,.0f}")
     for ctx, m in s["decode_tok_s"].items():
