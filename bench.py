@@ -24,8 +24,9 @@ What it reports, per preset A and B and as the ratio B/A:
   speed        prefill and decode tokens/s at --contexts (each: prefill to context - steps, then --steps
                greedy one-token decode steps), train step ms (forward + backward + Muon/AdamW step on
                --batch sequences of block_size), peak memory of a decode at the largest context and of a
-               train step. A and B run interleaved (A B A B ...) for --rounds rounds after one warm-up;
-               the table gives medians, the ratio is the median of the per-round ratios B/A.
+               train step. A and B run interleaved for --rounds rounds after one warm-up, the order
+               alternating (A B, B A, ...) so that neither always runs first; the table gives medians,
+               the ratio is the median of the per-round ratios B/A, with their quartiles.
 The decode model has block_size = the largest context (the "cpu" size trains at 256), so its
 sliding windows are a quarter of that; the train step uses the preset's own block_size.
 """
@@ -260,19 +261,21 @@ def paired(a, b):
 
 
 def measure(benches, contexts, steps, rounds, log):
-    """Interleaved timings: after one warm-up round, `rounds` rounds of A then B for every measurement."""
+    """Interleaved timings: after one warm-up round, `rounds` rounds of A and B for every measurement,
+    the order alternating from round to round (A B, B A, ...)."""
     runs = {("decode", c): ([], []) for c in contexts} | {("prefill", c): ([], []) for c in contexts}
     runs["train_ms"] = ([], [])
     for r in range(rounds + 1):
         log(f"round {r}/{rounds}" + (" (warm-up)" if r == 0 else ""))
+        order = (0, 1) if r % 2 else (1, 0)  # A B, then B A: neither always runs first, on colder caches
         for c in contexts:
-            for k, bench in enumerate(benches):
-                prefill, decode = bench.time_decode(c, steps)
+            for k in order:
+                prefill, decode = benches[k].time_decode(c, steps)
                 if r:
                     runs["prefill", c][k].append(prefill)
                     runs["decode", c][k].append(decode)
-        for k, bench in enumerate(benches):
-            ms = bench.time_train_step()
+        for k in order:
+            ms = benches[k].time_train_step()
             if r:
                 runs["train_ms"][k].append(ms)
     out = {"decode_tok_s": {}, "prefill_tok_s": {}}
@@ -457,7 +460,8 @@ def report(r):
     lines.append(f"  B/A bytes per token {c['ratio_per_token']:.6f}, expected ((2L - n_vfree) d s + ids) / (2L d s) "
                  f"{c['ratio_expected']:.6f}")
     s = r["speed"]
-    lines += ["", f"Speed and memory ({s['rounds_run']} rounds, A and B interleaved; medians; B/A = median of per-round ratios)"]
+    lines += ["", f"Speed and memory ({s['rounds_run']} rounds, A and B interleaved, alternating order; medians; "
+              f"B/A = median and quartiles of the per-round ratios)"]
     lines.append(f"  {'':<32} {a:>12} {b:>12} {'B/A':>7}  {'quartiles':>11}")
     row = lambda label, m, fmt: lines.append(f"  {label:<32} {fmt(m['a']):>12} {fmt(m['b']):>12} {m['ratio']:>7.3f}"
                                              + (f"  {m['ratio_q1']:.3f}-{m['ratio_q3']:.3f}" if "ratio_q1" in m else ""))
