@@ -505,7 +505,7 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="a smoke run: --rounds 1 --steps 4 --batch 2 unless given")
     p.add_argument("--device", default="cuda" if cuda else "cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="autocast dtype of the measured runs; auto = bfloat16 on CUDA, float32 elsewhere")
+                   help="autocast dtype of the measured runs; auto = bfloat16 (float16 without bf16) on CUDA, float32 elsewhere")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
                    help="torch CPU threads (default: the cores this process may use)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
@@ -539,8 +539,10 @@ def run(args, log):
         torch.zeros(1, device=args.device)
     except (AssertionError, RuntimeError, NotImplementedError) as e:
         raise BenchError(f"--device {args.device} is not usable here: {str(e).splitlines()[0]}") from None
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(args.dtype) or (
-        torch.bfloat16 if torch.device(args.device).type == "cuda" else torch.float32)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(args.dtype)
+    if dtype is None:  # auto
+        cuda = torch.device(args.device).type == "cuda"
+        dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if cuda else torch.float32
     torch.set_num_threads(args.threads)
     sizes = {s: {} for s in PAPER_BUDGETS} | {args.size: overrides}
     a, b = args.variants

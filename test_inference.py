@@ -215,9 +215,12 @@ def bench_json():
     """One quick bench run of baseline vs bov on a tiny model, as JSON."""
     import contextlib
     import io
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-        bench.main(["--quick", "--config", TINY, "--contexts", "16,40", "--json", "--threads", "1"])
+    out, threads = io.StringIO(), torch.get_num_threads()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            bench.main(["--quick", "--config", TINY, "--contexts", "16,40", "--json", "--threads", "1"])
+    finally:
+        torch.set_num_threads(threads)  # bench.main sets it for the whole process
     return json.loads(out.getvalue())
 
 
