@@ -5,7 +5,9 @@ Benchmark two presets side by side (default: baseline vs bov) and print one read
     python bench.py --quick                       # a smoke run: one round, few steps
     python bench.py --variants baseline bov_shared_table --size paper_780m
     python bench.py --json > bench.json           # the same numbers for machines
-    python bench.py --plot out/base/metrics.jsonl out/bov/metrics.jsonl   # + PNGs in --plot_dir
+    python bench.py --plot                        # the benchmark, plus Fig 5a as a PNG in --plot_dir
+    python bench.py --plot out/cpu_baseline/metrics.jsonl out/cpu_bov/metrics.jsonl   # plots only: Fig 5a,
+                                                  # val bpb vs tokens (Fig 4), coefficients per layer (Fig 2)
 
 What it reports, per preset A and B and as the ratio B/A:
   accounting   dense and table parameters, training FLOPs/token (GPT.estimate_flops), and the tokens that
@@ -354,9 +356,9 @@ def fig5a(path):
     plt.close(fig)
 
 
-def read_metrics(path):
-    """[(tokens or step, val_bpb)] from a train.py metrics JSONL file (records without val_bpb skipped)."""
-    points = []
+def read_records(path):
+    """The dict records of a train.py metrics JSONL file."""
+    records = []
     try:
         with open(path) as f:
             for n, line in enumerate(f, 1):
@@ -366,13 +368,51 @@ def read_metrics(path):
                     rec = json.loads(line)
                 except ValueError:
                     raise BenchError(f"{path}:{n} is not a JSON line") from None
-                if isinstance(rec, dict) and rec.get("val_bpb") is not None:
-                    points.append((rec.get("tokens", rec.get("step")), rec["val_bpb"]))
+                if isinstance(rec, dict):
+                    records.append(rec)
     except OSError as e:
         raise BenchError(f"cannot read metrics file {path}: {e.strerror}") from None
+    return records
+
+
+def read_metrics(path):
+    """[(tokens or step, val_bpb)] from a train.py metrics JSONL file (records without val_bpb skipped)."""
+    points = [(r.get("tokens", r.get("step")), r["val_bpb"]) for r in read_records(path) if r.get("val_bpb") is not None]
     if not points:
         raise BenchError(f"{path} has no records with val_bpb")
     return points
+
+
+def coefficient_plot(paths, path):
+    """The paper's Fig 2: the learned coefficients (gamma_v; or alpha_v on V and beta_v on V~) of every
+    target layer at the last evaluation of each run, against the layer index."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    drawn = 0
+    for p in paths:
+        evals = [r for r in read_records(p) if r.get("coefficients")]
+        if not evals:
+            continue
+        last = evals[-1]["coefficients"]
+        layers = sorted(last, key=int)
+        run = os.path.basename(os.path.dirname(os.path.abspath(p))) or p
+        for name in sorted({n for v in last.values() for n in v}):
+            ax.plot([int(l) for l in layers], [last[l][name] for l in layers], marker="o", label=f"{run}: {name}")
+            drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return False
+    ax.axhline(0, color="gray", linewidth=0.8)
+    ax.set_xlabel("layer index")
+    ax.set_ylabel("coefficient value")
+    ax.set_title("Fig 2: learned value coefficients at the end of training")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
 
 
 def val_curves(paths, path):
@@ -492,7 +532,8 @@ def parse_args(argv=None):
     cuda = torch.cuda.is_available()
     p = argparse.ArgumentParser(description="Compare two presets: parameters, FLOPs, KV-cache memory, decode/prefill "
                                 "speed, train step time, peak memory. Progress goes to stderr.")
-    p.add_argument("metrics", nargs="*", help="train.py metrics JSONL files to plot validation curves from (with --plot)")
+    p.add_argument("metrics", nargs="*", help="train.py metrics JSONL files: with --plot, draw only the plots "
+                   "(Fig 5a, val curves, Fig 2 coefficients) and skip the benchmark")
     p.add_argument("--variants", nargs=2, default=["baseline", "bov"], metavar=("A", "B"), help="the two presets (default: baseline bov)")
     p.add_argument("--size", choices=list(SIZES), default="paper_135m" if cuda else "cpu",
                    help="size of the measured models (default: cpu on a CPU, paper_135m on a GPU)")
@@ -509,7 +550,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
                    help="torch CPU threads (default: the cores this process may use)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
-    p.add_argument("--plot", action="store_true", help="also write fig5a.png and, given metrics files, val_curves.png")
+    p.add_argument("--plot", action="store_true", help="write fig5a.png; given metrics files, also val_curves.png and "
+                   "coefficients.png, without running the benchmark")
     p.add_argument("--plot_dir", default="out/plots", help="folder for the PNGs (default out/plots)")
     args = p.parse_args(argv)
     quick = dict(steps=4, rounds=1, batch=2) if args.quick else dict(steps=32, rounds=7, batch=8)
@@ -571,10 +613,10 @@ def main(argv=None):
     args.argv = argv
     log = lambda msg: print(f"bench.py: {msg}", file=sys.stderr, flush=True)
     try:
-        if args.plot:  # read the metrics first: a bad file fails before minutes of timing
+        if args.plot:  # read the metrics first: a bad file fails before anything is drawn or timed
             for path in args.metrics:
                 read_metrics(path)
-        r = run(args, log)
+        r = {} if args.metrics else run(args, log)
         if args.plot:
             os.makedirs(args.plot_dir, exist_ok=True)
             r["plots"] = [os.path.join(args.plot_dir, "fig5a.png")]
@@ -582,11 +624,15 @@ def main(argv=None):
             if args.metrics:
                 r["plots"].append(os.path.join(args.plot_dir, "val_curves.png"))
                 val_curves(args.metrics, r["plots"][-1])
+                coeffs = os.path.join(args.plot_dir, "coefficients.png")
+                if coefficient_plot(args.metrics, coeffs):
+                    r["plots"].append(coeffs)
     except (BenchError, ValueError) as e:
         sys.exit(f"bench.py: error: {str(e).strip().splitlines()[0]}")
     except KeyboardInterrupt:
         sys.exit("bench.py: interrupted")
-    print(json.dumps(r, indent=1) if args.json else report(r))
+    if "speed" in r:
+        print(json.dumps(r, indent=1) if args.json else report(r))
     for path in r.get("plots", []):
         log(f"wrote {path}")
 

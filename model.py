@@ -346,6 +346,9 @@ class Attention(nn.Module):
         else:
             k, v, mask = self.cached_keys_values(k, v, ctx)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            if self.v_free:  # attention is linear in V: scale the output, not the window's values
+                (c,) = self.coefficients()
+                y = c * y
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.c_proj(y)
 
@@ -363,11 +366,9 @@ class Attention(nn.Module):
         elif self.source == "table":  # gather the window's rows again; they are dropped after the layer
             ids = cache.ids[:, start:end]
             rows = ctx.rows(self.table, ids).view(ids.size(0), end - start, self.n_head, self.head_dim)
-            (c,) = self.coefficients()
-            values = (c * rows).transpose(1, 2).to(keys.dtype)
+            values = rows.transpose(1, 2).to(keys.dtype)  # c is applied to the output, in forward
         else:  # V1 from layer 0's cache
-            (c,) = self.coefficients()
-            values = c * cache.v[0][:, :, start:end]
+            values = cache.v[0][:, :, start:end]
         mask = None
         if T > 1 or end - start > self.window:
             q_pos = torch.arange(p0, end, device=k.device)
@@ -421,6 +422,8 @@ class TableOffload:
         self.reset()
 
     def reset(self):
+        """Forget the device rows: only at the start of a sequence, since the rows of every id in a KV
+        cache must stay on the device (rows are never evicted in between)."""
         self.slot.fill_(-1)
         self.used = 0
 
@@ -542,8 +545,8 @@ class GPT(nn.Module):
         pos = 0 if cache is None else cache.pos
         if cache is not None and cache.ids is not None:
             cache.ids[:, pos:pos + T] = idx
-        if self.offload is not None:  # bring the rows over before the trunk needs them
-            self.offload.prefetch(idx if cache is None else cache.ids[:, :pos + T])
+        if self.offload is not None:  # bring the rows of new ids over before the trunk needs them
+            self.offload.prefetch(idx)
         x0 = norm(self.wte(idx))
         ctx = _Pass(ids=idx, x0=x0, cos=self.cos[pos:pos + T], sin=self.sin[pos:pos + T], pos=pos,
                     rows=self.table_rows, cache=cache)
@@ -566,8 +569,9 @@ class GPT(nn.Module):
                 child.to(device)
         self.cos, self.sin = self.cos.to(device), self.sin.to(device)
         if len(self.tables):
-            tables = [t.weight for t in self.tables]
-            self.offload = TableOffload(tables, device)
+            self.offload = TableOffload([t.weight for t in self.tables], device)
+            for t, table in enumerate(self.tables):  # one host copy: the parameters become views of it
+                table.weight.data = self.offload.host[t]
         return self
 
     def table_rows(self, t, ids):
@@ -599,7 +603,8 @@ class GPT(nn.Module):
         assert sorted(grouped) == sorted(id(p) for p in self.parameters()), "every parameter in exactly one group"
         muon = torch.optim.Muon([dict(name="matrices", params=matrices)], lr=matrix_lr, momentum=0.95,
                                 nesterov=True, weight_decay=weight_decay)
-        adamw = torch.optim.AdamW(adamw_groups, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0)
+        fused = self.wte.weight.device.type in ("cpu", "cuda")  # one kernel for all AdamW tensors
+        adamw = torch.optim.AdamW(adamw_groups, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0, fused=fused)
         for opt in (muon, adamw):
             for g in opt.param_groups:
                 g["initial_lr"] = g["lr"]
@@ -627,7 +632,7 @@ class GPT(nn.Module):
         Raises FileNotFoundError / ValueError with a one-line message for a missing or unreadable file."""
         import os
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"no checkpoint at {path}")
+            raise FileNotFoundError(f"no checkpoint at {path}; `python train.py` writes one")
         try:
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
             config = GPTConfig(**ckpt["model_config"])

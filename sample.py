@@ -1,10 +1,10 @@
 """
 Sample from a trained bov model, streaming the text to stdout as the tokens are produced.
 
-    python sample.py --ckpt out/bov/ckpt.pt                                # from <|bos|>: unconditional
-    python sample.py --ckpt out/bov/ckpt.pt --start "ROMEO:" --num_samples 3
-    python sample.py --ckpt out/bov/ckpt.pt --start FILE:prompt.txt --temperature 0
-    python sample.py --ckpt out/bov/ckpt.pt --offload_tables               # value tables stay in host memory
+    python sample.py                                                       # out/cpu_bov/ckpt.pt, from <|bos|>
+    python sample.py --ckpt out/cpu_baseline/ckpt.pt --start "ROMEO:" --num_samples 3
+    python sample.py --start FILE:prompt.txt --temperature 0
+    python sample.py --offload_tables                                      # value tables stay in host memory
 
 Decoding uses the KV cache of model.py: the prompt is prefilled once, then every step feeds one
 token. A Bank of Values layer caches no V: it keeps only the token ids and gathers gamma_v E_v[ids]
@@ -152,7 +152,8 @@ def parse_args(argv=None):
         epilog="A prompt longer than the model's context (block_size tokens, <|bos|> included) is cropped "
                "to its last block_size tokens, with a warning. Generation past the context goes on: when "
                "the cache is full it restarts from the last half block.")
-    p.add_argument("--ckpt", required=True, help="checkpoint written by train.py (e.g. out/bov/ckpt.pt)")
+    p.add_argument("--ckpt", default="out/cpu_bov/ckpt.pt",
+                   help="checkpoint written by train.py (default: out/cpu_bov/ckpt.pt, what a plain `python train.py` writes)")
     p.add_argument("--data_dir", help="prepared-data folder whose tokenizer to use (default: the one in the checkpoint)")
     p.add_argument("--start", default="", help="prompt text, or FILE:path to read it from a file; "
                    "<|bos|> is always put first (default: empty, i.e. <|bos|> alone)")

@@ -180,7 +180,7 @@ def test_missing_checkpoint_is_one_line_and_a_nonzero_exit(tmp_path):
     p = subprocess.run([sys.executable, os.path.join(HERE, "sample.py"), "--ckpt", str(tmp_path / "nope.pt")],
                        capture_output=True, text=True, cwd=HERE)
     assert p.returncode != 0
-    assert p.stderr.strip().splitlines() == [f"sample.py: error: no checkpoint at {tmp_path / 'nope.pt'}"]
+    assert p.stderr.strip().splitlines() == [f"sample.py: error: no checkpoint at {tmp_path / 'nope.pt'}; `python train.py` writes one"]
     assert p.stdout == ""
 
 
@@ -274,13 +274,24 @@ def test_bench_kv_memory_follows_eq6(bench_json):
 def test_bench_plots_and_metrics(tmp_path, capsys):
     metrics = tmp_path / "bov" / "metrics.jsonl"
     metrics.parent.mkdir()
-    metrics.write_text("\n".join(json.dumps(r) for r in [{"step": 0, "tokens": 0, "val_bpb": 3.0},
-                                                        {"step": 5, "tokens": 100, "train_loss": 2.0},
-                                                        {"step": 10, "tokens": 200, "val_bpb": 2.5}]) + "\n")
+    metrics.write_text("\n".join(json.dumps(r) for r in [
+        {"type": "eval", "step": 0, "tokens": 0, "val_bpb": 3.0, "coefficients": {"4": {"gamma_v": 1.0}, "5": {"gamma_v": 1.0}}},
+        {"type": "train", "step": 5, "tokens": 100, "loss": 2.0},
+        {"type": "eval", "step": 10, "tokens": 200, "val_bpb": 2.5, "coefficients": {"4": {"gamma_v": 2.5}, "5": {"gamma_v": 7.0}}},
+    ]) + "\n")
     assert bench.read_metrics(str(metrics)) == [(0, 3.0), (200, 2.5)]
     bench.fig5a(str(tmp_path / "fig5a.png"))
     bench.val_curves([str(metrics)], str(tmp_path / "val.png"))
     assert (tmp_path / "fig5a.png").stat().st_size > 1000 and (tmp_path / "val.png").stat().st_size > 1000
+    # metrics files given: plots only, no benchmark (fast), Fig 2 from the last evaluation's coefficients
+    out = tmp_path / "plots"
+    bench.main(["--plot", "--plot_dir", str(out), str(metrics)])
+    assert sorted(p.name for p in out.iterdir()) == ["coefficients.png", "fig5a.png", "val_curves.png"]
+    assert capsys.readouterr().out == ""
+    baseline = tmp_path / "baseline" / "metrics.jsonl"
+    baseline.parent.mkdir()
+    baseline.write_text(json.dumps({"type": "eval", "step": 0, "tokens": 0, "val_bpb": 3.1, "coefficients": {}}) + "\n")
+    assert not bench.coefficient_plot([str(baseline)], str(tmp_path / "none.png"))  # no target layers: no figure
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     with pytest.raises(SystemExit) as e:
         bench.main(["--plot", "--plot_dir", str(tmp_path), str(tmp_path / "bad.jsonl")])
