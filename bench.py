@@ -316,6 +316,23 @@ def cache_allocated(benches, context):
 # -----------------------------------------------------------------------------
 # plots
 
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save(fig, ax, path, title, xlabel, ylabel, **legend):
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(**legend)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    pyplot().close(fig)
+
 def fig5a(path):
     """The paper's Fig 5a: V-cache memory saved by BoV, in %, against context length T (16K..1M), for the
     nanochat (32,768) and Qwen3 (151,936) vocabularies, at paper_780m in bfloat16:
@@ -328,9 +345,7 @@ def fig5a(path):
     at T = |V| and saturates at n_bov / L = 1/3. Dashed: the same saving over the whole K+V cache
     (saturates at 1/6); the paper's axis (-5..20 %) fits this one better, so both are drawn. Neither
     depends on L or d once BoV takes the last third of the layers."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     contexts = [int(2 ** (14 + k / 8)) for k in range(6 * 8 + 1)]  # 16K .. 1M
     fig, ax = plt.subplots(figsize=(6, 4))
     for vocab, name, color in ((32768, "nanochat tok. (32,768)", "C0"), (151936, "qwen3 tok. (151,936)", "C1")):
@@ -347,13 +362,7 @@ def fig5a(path):
     ax.set_xticks([2 ** 14, 2 ** 16, 2 ** 18, 2 ** 20], ["16K", "64K", "256K", "1M"])
     ax.axhline(0, color="gray", linewidth=0.8)
     ax.set_ylim(-20, 35)
-    ax.set_xlabel("context length")
-    ax.set_ylabel("memory saved (%)")
-    ax.set_title("Fig 5a: V cache memory saved by BoV (paper_780m)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, ax, path, "Fig 5a: V cache memory saved by BoV (paper_780m)", "context length", "memory saved (%)", fontsize=7)
 
 
 def read_records(path):
@@ -386,9 +395,7 @@ def read_metrics(path):
 def coefficient_plot(paths, path):
     """The paper's Fig 2: the learned coefficients (gamma_v; or alpha_v on V and beta_v on V~) of every
     target layer at the last evaluation of each run, against the layer index."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     drawn = 0
     for p in paths:
@@ -405,33 +412,19 @@ def coefficient_plot(paths, path):
         plt.close(fig)
         return False
     ax.axhline(0, color="gray", linewidth=0.8)
-    ax.set_xlabel("layer index")
-    ax.set_ylabel("coefficient value")
-    ax.set_title("Fig 2: learned value coefficients at the end of training")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, ax, path, "Fig 2: learned value coefficients at the end of training", "layer index", "coefficient value", fontsize=7)
     return True
 
 
 def val_curves(paths, path):
     """Validation bits per byte against training tokens, one line per metrics file (named by its folder)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for p in paths:
         points = read_metrics(p)
         label = os.path.basename(os.path.dirname(os.path.abspath(p))) or p
         ax.plot([x for x, _ in points], [y for _, y in points], marker=".", label=label)
-    ax.set_xlabel("training tokens")
-    ax.set_ylabel("validation bits per byte")
-    ax.set_title("validation curves")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, ax, path, "validation curves (Fig 4)", "training tokens", "validation bits per byte")
 
 
 # -----------------------------------------------------------------------------
