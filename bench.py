@@ -35,13 +35,12 @@ sliding windows are a quarter of that; the train step uses the preset's own bloc
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
 import time
 import weakref
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -49,7 +48,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from torch.utils.weak import WeakIdKeyDictionary
 
-from model import GPT, GPTConfig, SIZES, VARIANTS
+from model import GPT, GPTConfig, SIZES
 
 PAPER_BUDGETS = {"paper_135m": 1.5e18, "paper_780m": 3.91e19}  # training FLOPs of the paper's runs
 KV_CONTEXTS = [2 ** k for k in range(10, 21, 2)]              # 1K, 4K, 16K, 64K, 256K, 1M
@@ -350,7 +349,7 @@ def fig5a(path):
     fig, ax = plt.subplots(figsize=(6, 4))
     for vocab, name, color in ((32768, "nanochat tok. (32,768)", "C0"), (151936, "qwen3 tok. (151,936)", "C1")):
         base, bov = (GPTConfig.preset("paper_780m", v, vocab_size=vocab) for v in ("baseline", "bov"))
-        v_cache, kv, saved = [], [], []
+        kv, saved = [], []
         for T in contexts:
             net = base.kv_cache_bytes(1, T, KV_DTYPE) - bov.kv_cache_bytes(1, T, KV_DTYPE) - bov.table_bytes(KV_DTYPE)
             v_bytes = base.n_layer * base.n_embd * T * torch.empty((), dtype=KV_DTYPE).element_size()

@@ -19,7 +19,7 @@ Run `python model.py` to list the presets with their parameters and FLOPs.
 """
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn as nn

@@ -19,7 +19,6 @@ tokens per second) and the offload traffic go to stderr, so stdout holds the tex
 import argparse
 import codecs
 import contextlib
-import os
 import sys
 import time
 

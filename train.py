@@ -407,7 +407,7 @@ def main(argv):
         f" + {counts['tables']:,} in value tables; target layers {list(model_config.target_layers()) or 'none'}")
     log(f"plan: {flops_per_token:,} FLOPs/token ({flops_per_token:.3e}), {s['total_batch_tokens']:,} tokens/step")
     budget = (f"{s['target_flops']:.3g} FLOPs" if s["target_flops"] else
-              f"{s['target_tokens']:,} tokens" if s["target_tokens"] else f"--max_iters")
+              f"{s['target_tokens']:,} tokens" if s["target_tokens"] else "--max_iters")
     human = f"{tokens / 1e9:.2f}B" if tokens >= 1e8 else f"{tokens / 1e6:.2f}M"
     log(f"plan: {budget} -> {iters:,} iterations, {tokens:,} tokens ({human}), "
         f"{flops_per_token * tokens:.3g} FLOPs, tokens:params {tokens / counts['scaling']:.1f}")
