@@ -34,10 +34,8 @@ import json
 import os
 import random
 import shutil
-import socket
 import sys
 import tempfile
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -49,7 +47,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import GPT
-from prepare_data import DataError, load_tokenizer
+from prepare_data import DataError, atomic_write, load_tokenizer, reachable
 
 EVAL_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
 
@@ -129,28 +127,16 @@ def get_bundle(path=None):
     return dest
 
 
-def reachable(url, timeout=5.0):
+def url_reachable(url, timeout=5.0):
     """True if a TCP connection to the URL's host opens within timeout seconds (DNS included)."""
     u = urllib.parse.urlsplit(url)
-    port = u.port or (443 if u.scheme == "https" else 80)
-    ok = []
-
-    def attempt():
-        try:
-            socket.create_connection((u.hostname, port), timeout=timeout).close()
-            ok.append(True)
-        except OSError:
-            pass
-    t = threading.Thread(target=attempt, daemon=True)  # a hung DNS lookup cannot hold us
-    t.start()
-    t.join(timeout)
-    return bool(ok)
+    return reachable(u.hostname, u.port or (443 if u.scheme == "https" else 80), timeout)
 
 
 def download_bundle(url, dest):
     """Download the zip and unpack it into dest. Both steps happen beside dest and end in one
     rename, so dest is either the whole bundle or absent."""
-    if not reachable(url):
+    if not url_reachable(url):
         raise EvalError(f"the CORE eval bundle is not in {dest} and {urllib.parse.urlsplit(url).hostname} "
                         f"is unreachable; download {url} elsewhere, unzip it and pass --bundle path/to/eval_bundle")
     parent = os.path.dirname(dest)
@@ -417,15 +403,7 @@ def format_table(result):
 
 def write_json(path, obj):
     """Write obj as JSON to path atomically (a temporary file, then a rename)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
 
 
 def check_device(device):

@@ -335,7 +335,7 @@ class Attention(nn.Module):
             v = None  # gathered from the cache over the whole window below
         else:
             v = self.value(x, ctx).transpose(1, 2)  # (B, H, T, D)
-        if self.layer == 0:
+        if self.layer == 0 and v is not None:  # (a table in layer 0 has no V, and nothing reads V1 then)
             ctx.v1 = v.transpose(1, 2)  # (B, T, H, D)
         if ctx.cache is None:
             if self.window >= T:
@@ -636,10 +636,10 @@ class GPT(nn.Module):
         try:
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
             config = GPTConfig(**ckpt["model_config"])
+            model = cls(config, device="meta")
+            model.load_state_dict(ckpt["model"], assign=True)
         except Exception as e:  # truncated file, not a checkpoint, or from another version
             raise ValueError(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-        model = cls(config, device="meta")
-        model.load_state_dict(ckpt["model"], assign=True)
         model.cos, model.sin = rope_tables(config.block_size, config.head_dim)
         return model.to(device).eval(), ckpt
 
@@ -680,12 +680,15 @@ class GPT(nn.Module):
         if temperature == 0:
             return logits.argmax(dim=-1, keepdim=True)
         logits = logits / temperature
-        if top_k is not None:
+        if top_k:  # None or 0: the whole vocabulary
             kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))
         return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
 
     def new_cache(self, batch, max_len=None):
+        """A KVCache for `batch` sequences of up to max_len (default and at most block_size) tokens."""
+        if max_len is not None and not 0 < max_len <= self.config.block_size:
+            raise ValueError(f"a KV cache holds 1 to block_size = {self.config.block_size} positions, not {max_len}")
         p = self.wte.weight
         dtype = torch.get_autocast_dtype(p.device.type) if torch.is_autocast_enabled(p.device.type) else p.dtype
         return KVCache(self.config, batch, max_len or self.config.block_size, dtype, p.device)

@@ -180,7 +180,7 @@ def _open_shard(path, dtype, expected_tokens, bos_id):
 # -----------------------------------------------------------------------------
 # sources: a source is a deterministic stream of rows (row index, document text)
 
-def _reachable(host, port, timeout=3.0):
+def reachable(host, port, timeout=3.0):
     """True if a TCP connection to host:port opens within timeout seconds (DNS included)."""
     ok = []
 
@@ -188,7 +188,7 @@ def _reachable(host, port, timeout=3.0):
         try:
             socket.create_connection((host, port), timeout=timeout).close()
             ok.append(True)
-        except OSError:
+        except Exception:  # any failure means unreachable; nothing may escape the thread
             pass
     t = threading.Thread(target=attempt, daemon=True)  # a daemon thread, so a hung DNS lookup can't block exit
     t.start()
@@ -203,7 +203,7 @@ def _check_hub():
             raise DataError(f"the Hugging Face hub is unreachable ({var} is set); {OFFLINE_HINT}")
     url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
-    if not _reachable(host, port):
+    if not reachable(host, port):
         raise DataError(f"the Hugging Face hub ({host}:{port}) is unreachable; {OFFLINE_HINT}")
 
 
@@ -332,7 +332,7 @@ def _gpt2_cached():
 def gpt2_tokenizer_json():
     """tokenizer.json content for tiktoken's GPT-2 encoding (bos = <|endoftext|> = 50256)."""
     host = "openaipublic.blob.core.windows.net"
-    if not _gpt2_cached() and not _reachable(host, 443):
+    if not _gpt2_cached() and not reachable(host, 443):
         raise DataError(f"the gpt2 tokenizer is not in tiktoken's cache and {host} is unreachable; "
                         f"run once with network (or set TIKTOKEN_CACHE_DIR to a cache) or use the default --tokenizer=bpe")
     from tiktoken_ext.openai_public import gpt2
@@ -381,7 +381,7 @@ def _tokenizer_json(kind, pattern, token_bytes, bos, bos_id):
 # -----------------------------------------------------------------------------
 # writing
 
-def _atomic_write(path, write):
+def atomic_write(path, write):
     """Call write(f) on a temporary file, then rename it to path, so path is never half-written."""
     tmp = path + ".tmp"
     try:
@@ -397,7 +397,7 @@ def _atomic_write(path, write):
 
 
 def _write_json(path, obj):
-    _atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
+    atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
 
 
 def write_shard(path, tokens):
@@ -407,7 +407,7 @@ def write_shard(path, tokens):
     def write(f):
         f.write(HEADER.pack(MAGIC, FORMAT, tokens.dtype.itemsize, len(tokens)))
         tokens.tofile(f)
-    _atomic_write(path, write)
+    atomic_write(path, write)
 
 
 def encode_split(split, source, enc, state, out_dir, shard_tokens, budget, threads):
@@ -600,7 +600,7 @@ def prepare(config, out_dir, force=False):
         if config["tokenizer"] == "bpe":
             tok = train_bpe_json(source, config["vocab_size"], config["tokenizer_chars"])
         token_bytes = np.array([len(base64.b64decode(b)) for b in tok["ranks"]] + [0], dtype=np.int32)
-        _atomic_write(os.path.join(out_dir, "token_bytes.npy"), lambda f: np.save(f, token_bytes))
+        atomic_write(os.path.join(out_dir, "token_bytes.npy"), lambda f: np.save(f, token_bytes))
         _write_json(os.path.join(out_dir, "tokenizer.json"), tok)
         state = {"format": FORMAT, "config": config, "vocab_size": tok["vocab_size"], "bos_id": tok["bos_id"],
                  "dtype": "uint16" if tok["vocab_size"] <= 65536 else "uint32",

@@ -324,7 +324,10 @@ def test_hub_check_times_out_fast(tmp_path, monkeypatch):
     """A hub that never answers (or a DNS lookup that hangs) still fails within seconds."""
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: time.sleep(60))
+    def hang(*args, **kwargs):
+        time.sleep(60)
+        raise OSError("timed out")
+    monkeypatch.setattr(socket, "create_connection", hang)
     t0 = time.time()
     msg = prep("--source", "climbmix", "--out_dir", tmp_path / "x")
     assert time.time() - t0 < 10

@@ -95,22 +95,25 @@ def test_lr_schedule():
 def test_loader_covers_every_token_once_and_starts_rows_at_bos():
     bos, T = 0, 16
     rng = np.random.default_rng(1)
-    docs = [np.concatenate([[bos], rng.integers(1, 50, size=n)]) for n in (5, 40, 3, 7, 100, 12, 9, 1, 30)]
+    docs = [np.concatenate([[bos], rng.integers(1, 50, size=n)]) for n in (5, 40, 3, 7, 100, 12, 9, 1, 30, 15, 2, 60)]
     shards = [np.concatenate(docs[:5]), np.concatenate(docs[5:])]
     loader = train.Batches(shards, bos, T, seed=0)
     ptr, segs = loader.plan(0)
-    covered = np.zeros(sum(map(len, shards)), dtype=int)
-    for start, length in segs:
-        assert length <= T + 1
-        covered[start:start + length] += 1
+    read, target = np.zeros(sum(map(len, shards)), dtype=int), np.zeros(sum(map(len, shards)), dtype=int)
+    for r in range(len(ptr) - 1):
+        row = [np.arange(s, s + n) for s, n in segs[ptr[r]:ptr[r + 1]]]
+        positions = np.concatenate(row)
+        assert len(positions) <= T + 1
+        read[positions] += 1
+        target[positions[1:]] += 1  # every position of a row but the first is predicted
+        # a row starts at <|bos|> unless it continues a document; a continuation is never in the middle
+        assert all(loader.read(s, 1)[0] == bos for s, _ in segs[ptr[r]:ptr[r + 1]][1:])
     # every token is read; a token is read twice only where a long document is cut (stride T rows share it)
     cuts = sum(math.ceil((len(d) - T - 1) / T) for d in docs if len(d) > T + 1)
-    assert covered.min() >= 1 and covered.max() <= 2 and (covered == 2).sum() == cuts == 9
-    # the rows that contain the start of a document begin with it
-    for r in range(len(ptr) - 1):
-        firsts = [loader.read(s, 1)[0] for s, _ in segs[ptr[r]:ptr[r + 1]]]
-        if bos in firsts:
-            assert firsts[0] == bos
+    assert read.min() >= 1 and read.max() <= 2 and (read == 2).sum() == cuts
+    # every token but <|bos|> is the target of exactly one row (a <|bos|> at most once)
+    data = np.concatenate(shards)
+    assert (target[data != bos] == 1).all() and target.max() == 1
     # deterministic from the seed, resumable, and reshuffled by epoch
     rows = loader.next_rows(7)
     state = loader.state()
@@ -185,10 +188,18 @@ def test_two_gloo_ranks_match_one_process(data_dir, tmp_path, capsys):
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     train.main([*args, f"--out_dir={one}"])
     assert "4 x 32 tokens x 2 accumulation x 1 ranks" in capsys.readouterr().out
-    r2 = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                         "train.py", *args, f"--out_dir={two}"], cwd=HERE, capture_output=True, text=True, timeout=300)
-    assert r2.returncode == 0, r2.stderr[-2000:]
-    assert "4 x 32 tokens x 1 accumulation x 2 ranks" in r2.stdout
+    # its own process group, so that a hung rank can be killed with torchrun
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "train.py", *args, f"--out_dir={two}"], cwd=HERE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("torchrun with 2 gloo ranks did not finish in 120 s")
+    assert proc.returncode == 0, stderr[-2000:]
+    assert "4 x 32 tokens x 1 accumulation x 2 ranks" in stdout
     l1, l2 = [r["loss"] for r in records(one, "train")], [r["loss"] for r in records(two, "train")]
     assert len(l1) == len(l2) == 6
     np.testing.assert_allclose(l1, l2, rtol=1e-5)
@@ -215,12 +226,21 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     assert "larger than the data's uint16" in error([*base, "--vocab_size=70000"])
     assert "smaller than the data's vocabulary" in error([*base, "--vocab_size=100"])
     assert "layer 0 produces V1" in error([*base, "--variant=svformer", "--bov_layers=0,1"])
+    assert "--device_batch_size must be positive" in error([*base, "--device_batch_size=0"])
+    assert "--dtype must be one of" in error([*base, "--dtype=fp8"])
+    assert "--compile must be one of" in error([*base, "--compile=maybe"])
+    assert "--device=foo is not usable" in error([*base, "--device=foo"])
+    assert "less than one row of block_size=32" in error([*base, "--eval_tokens=10"])
+    bad_file = tmp_path / "bad_config.py"
+    bad_file.write_text("size = 'cpu\n")
+    assert f"config file {bad_file}: SyntaxError" in error([str(bad_file), *base])
     train.main(base)
     ckpt = os.path.join(out, "ckpt.pt")
     before = open(ckpt, "rb").read()
     assert "pass --resume" in error(base)                                   # never overwrite a run
     assert "different model" in error([*base, "--resume", "--n_layer=3"])   # another config
     assert "other settings" in error([*base, "--resume", "--seed=4"])
+    assert "matrix_lr=0.02 there, 0.03 here" in error([*base, "--resume", "--matrix_lr=0.03"])
     assert open(ckpt, "rb").read() == before
     open(ckpt, "wb").write(before[:len(before) // 2])                       # truncated
     assert "truncated or not a checkpoint" in error([*base, "--resume"])

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from model import GPT, GPTConfig, SIZES, VARIANTS
-from prepare_data import DEFAULT_DATA_DIR, DataError, load_meta, load_token_bytes, load_tokens
+from prepare_data import DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokens
 
 # -----------------------------------------------------------------------------
 # Defaults. Learning rates are the peak rates of the paper's 135M run (Table 6); configure_optimizers
@@ -115,7 +115,10 @@ def resolve_settings(argv):
             if not os.path.isfile(arg):
                 raise ConfigError(f"config file {arg} not found")
             scope = {}
-            exec(open(arg).read(), {}, scope)
+            try:
+                exec(open(arg).read(), {}, scope)
+            except Exception as e:
+                raise ConfigError(f"config file {arg}: {type(e).__name__}: {e}")
             for k, v in scope.items():
                 if not k.startswith("_"):
                     given[k] = v
@@ -144,6 +147,18 @@ def resolve_settings(argv):
         raise ConfigError("no budget: give --target_flops, --target_tokens or --max_iters")
     if s["variant"] not in VARIANTS:
         raise ConfigError(f"unknown variant {s['variant']!r}; choose one of {', '.join(VARIANTS)}")
+    for key in ("total_batch_tokens", "device_batch_size", "eval_interval", "eval_tokens", "log_interval"):
+        if s[key] <= 0:
+            raise ConfigError(f"--{key} must be positive, got {s[key]}")
+    for key in ("target_flops", "target_tokens", "max_iters", "warmup_iters", "warmdown_frac", "final_lr_frac"):
+        if s[key] < 0:
+            raise ConfigError(f"--{key} must not be negative, got {s[key]}")
+    choices = {"dtype": ("auto", "float32", "bfloat16"), "compile": ("auto", "true", "false")}
+    s["compile"] = {"1": "true", "yes": "true", "on": "true", "0": "false", "no": "false", "off": "false"}.get(
+        str(s["compile"]).lower(), str(s["compile"]).lower())
+    for key, allowed in choices.items():
+        if s[key] not in allowed:
+            raise ConfigError(f"--{key} must be one of {', '.join(allowed)}, got {s[key]!r}")
     s["out_dir"] = s["out_dir"] or os.path.join("out", f"{s['size']}_{s['variant']}")
     return s, {k: v for k, v in given.items() if k in model_defaults}
 
@@ -174,11 +189,12 @@ class Batches:
     """Deterministic, resumable training rows of T + 1 tokens (inputs and shifted targets).
 
     Every epoch, the documents (each starts at <|bos|>) are shuffled with the seed and the epoch,
-    documents longer than a row are cut into full rows at stride T, and the remaining pieces are
-    packed best-fit into rows, each row beginning with a <|bos|>-led piece where it has one; room a
-    row cannot fill is padding with target -1. So no token is dropped or repeated within an epoch,
-    and a sequence starts at <|bos|> wherever the data allows. The state is (epoch, row) and goes
-    into checkpoints; every rank reads the same rows and takes its own slice of them.
+    documents longer than a row are cut into full rows at stride T, and what is left of each document
+    is packed best-fit into rows: a whole document anywhere, the tail of a cut one only at the start
+    of a row of its own (its first token was the last target of the row before); room a row cannot
+    fill is padding with target -1. So every token is the target of at most one row per epoch, none
+    is dropped, and a row starts at <|bos|> unless it continues a document. The state is (epoch, row)
+    and goes into checkpoints; every rank reads the same rows and takes its own slice of them.
     """
 
     OPEN_ROWS = 256  # rows kept open for best-fit packing
@@ -215,19 +231,20 @@ class Batches:
         T, R = self.T, self.T + 1
         packed, pieces = [], []
         for s, e in self.doc_bounds[rng.permutation(len(self.doc_bounds))]:
+            whole = e - s <= R
             while e - s > R:         # full rows of a long document, stride T
                 packed.append([(s, R)])
                 s += T
             if e - s >= 2:           # a piece needs an input and a target
-                pieces.append((s, e - s))
+                pieces.append((s, e - s, whole))
         rows, room = [], []          # open rows and their free room, sorted by room
-        for piece in pieces:         # best fit: the open row with the least room that still fits
-            i = bisect.bisect_left(room, piece[1])
-            if i < len(room):
-                row, left = rows.pop(i), room.pop(i) - piece[1]
-                row.append(piece)
-            else:
-                row, left = [piece], R - piece[1]
+        for s, n, whole in pieces:   # best fit: the open row with the least room that still fits
+            i = bisect.bisect_left(room, n)
+            if whole and i < len(room):
+                row, left = rows.pop(i), room.pop(i) - n
+                row.append((s, n))
+            else:                    # a new row; the tail of a cut document always starts one
+                row, left = [(s, n)], R - n
                 if len(rows) == self.OPEN_ROWS:  # close the fullest open row
                     packed.append(rows.pop(0))
                     room.pop(0)
@@ -235,8 +252,6 @@ class Batches:
             rows.insert(j, row)
             room.insert(j, left)
         packed += rows
-        for row in packed:  # a <|bos|>-led piece first, where the row has one
-            row.sort(key=lambda p: int(self.read(p[0], 1)[0]) != self.bos_id)
         packed = [packed[i] for i in rng.permutation(len(packed))]
         ptr = np.cumsum([0] + [len(r) for r in packed])
         segs = np.array([seg for r in packed for seg in r], dtype=np.int64).reshape(-1, 2)
@@ -275,6 +290,8 @@ def to_batch(rows, bos_id, device):
 def val_rows(val_shards, T, n_tokens):
     """A fixed validation slice: the first n_tokens of the val stream cut into rows of T + 1 at stride T."""
     data = np.concatenate(val_shards) if len(val_shards) > 1 else np.asarray(val_shards[0])
+    if n_tokens < T:
+        raise ConfigError(f"--eval_tokens={n_tokens} is less than one row of block_size={T} tokens")
     n = min(int(n_tokens) // T, (len(data) - 1) // T)
     if n < 1:
         raise ConfigError(f"the validation split has {len(data)} tokens, fewer than one row of {T + 1}")
@@ -342,7 +359,9 @@ def load_resume(path, s, model_config):
     if saved != now:
         diff = ", ".join(f"{k}={saved.get(k)!r} there, {now.get(k)!r} here" for k in now if saved.get(k) != now[k])
         raise ConfigError(f"--resume: {path} is a different model ({diff}); use the same settings or another --out_dir")
-    must_match = ("data_dir", "seed", "total_batch_tokens", "target_flops", "target_tokens", "max_iters")
+    must_match = ("data_dir", "seed", "total_batch_tokens", "target_flops", "target_tokens", "max_iters", "matrix_lr",
+                  "embedding_lr", "unembedding_lr", "scalar_lr", "table_lr", "weight_decay", "warmup_iters",
+                  "warmdown_frac", "final_lr_frac")
     saved = ckpt["train_config"]
     diff = ", ".join(f"{k}={saved.get(k)!r} there, {s[k]!r} here" for k in must_match if saved.get(k) != s[k])
     if diff:
@@ -351,11 +370,7 @@ def load_resume(path, s, model_config):
 
 
 def write_jsonl(path, records):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in records).encode()))
 
 
 # -----------------------------------------------------------------------------
@@ -374,7 +389,11 @@ def setup_device(s):
             raise ConfigError("--device=cuda but no CUDA device is visible")
         name = f"cuda:{local_rank}" if ddp else name
         torch.cuda.set_device(name)
-    dev = torch.device(name)
+    try:
+        dev = torch.device(name)
+        torch.zeros(1, device=dev)
+    except (RuntimeError, AssertionError) as e:
+        raise ConfigError(f"--device={name} is not usable here: {str(e).splitlines()[0]}")
     if ddp:
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
     return dev, rank, world, ddp
@@ -469,7 +488,7 @@ def main(argv):
     amp = {"auto": torch.bfloat16 if use_cuda else None, "float32": None, "bfloat16": torch.bfloat16}[s["dtype"]]
     autocast = torch.autocast(dev.type, dtype=amp) if amp else nullcontext()
     train_model = model
-    if (s["compile"] == "auto" and use_cuda) or str(s["compile"]).lower() in ("true", "1", "yes", "on"):
+    if s["compile"] == "true" or (s["compile"] == "auto" and use_cuda):
         train_model = torch.compile(model)
     if ddp:
         from torch.nn.parallel import DistributedDataParallel
@@ -507,6 +526,7 @@ def main(argv):
             if master and (step > start_step or last):
                 checkpoint()
                 write_jsonl(metrics_path, metrics)
+            t_last = time.time()  # the step timings leave out evaluation and checkpointing
         if last:
             break
         lrm = lr_multiplier(step, iters, s["warmup_iters"], s["warmdown_frac"], s["final_lr_frac"])
@@ -557,6 +577,8 @@ def main(argv):
             result = evaluate_core(model, load_tokenizer(s["data_dir"]), s["eval_bundle"] or None, device=dev)
             log(f"CORE {result['core']:.4f}")
     if ddp:
+        del train_model  # the DDP wrapper first, then every rank leaves together
+        dist.barrier()
         dist.destroy_process_group()
     return final
 
