@@ -49,6 +49,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from torch.utils.weak import WeakIdKeyDictionary
 
 from model import GPT, GPTConfig, SIZES
+from sample import check_device, resolve_dtype
 
 PAPER_BUDGETS = {"paper_135m": 1.5e18, "paper_780m": 3.91e19}  # training FLOPs of the paper's runs
 KV_CONTEXTS = [2 ** k for k in range(10, 21, 2)]              # 1K, 4K, 16K, 64K, 256K, 1M
@@ -569,14 +570,8 @@ def run(args, log):
     overrides = parse_overrides(args.config)
     for v in args.variants:
         GPTConfig.preset(args.size, v, **overrides)  # ValueError, in one line, for a bad name or field
-    try:
-        torch.zeros(1, device=args.device)
-    except (AssertionError, RuntimeError, NotImplementedError) as e:
-        raise BenchError(f"--device {args.device} is not usable here: {str(e).splitlines()[0]}") from None
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(args.dtype)
-    if dtype is None:  # auto
-        cuda = torch.device(args.device).type == "cuda"
-        dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if cuda else torch.float32
+    check_device(args.device)
+    dtype = resolve_dtype(args.dtype, args.device)
     torch.set_num_threads(args.threads)
     sizes = {s: {} for s in PAPER_BUDGETS} | {args.size: overrides}
     a, b = args.variants

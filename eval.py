@@ -48,6 +48,7 @@ from tqdm import tqdm
 
 from model import GPT
 from prepare_data import DataError, atomic_write, load_tokenizer, reachable
+from sample import check_device
 
 EVAL_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
 
@@ -405,13 +406,6 @@ def write_json(path, obj):
     """Write obj as JSON to path atomically (a temporary file, then a rename)."""
     atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
 
-
-def check_device(device):
-    """EvalError, in one line, if tensors cannot be made on device."""
-    try:
-        torch.zeros(1, device=device)
-    except (AssertionError, RuntimeError, NotImplementedError) as e:
-        raise EvalError(f"--device {device} is not usable here: {str(e).splitlines()[0]}") from None
 
 
 def main(argv=None):

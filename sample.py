@@ -91,6 +91,7 @@ def autocast(device, dtype):
 
 
 def resolve_dtype(name, device):
+    """--dtype name -> torch dtype; auto = bfloat16 (float16 without bf16) on CUDA, float32 elsewhere."""
     if name == "auto":
         if torch.device(device).type != "cuda":
             return torch.float32
@@ -99,10 +100,11 @@ def resolve_dtype(name, device):
 
 
 def check_device(device):
+    """ValueError, in one line, if tensors cannot be made on device (also used by bench.py and eval.py)."""
     try:
         torch.zeros(1, device=device)
     except (AssertionError, RuntimeError, NotImplementedError) as e:
-        raise SampleError(f"--device {device} is not usable here: {str(e).splitlines()[0]}") from None
+        raise ValueError(f"--device {device} is not usable here: {str(e).splitlines()[0]}") from None
 
 
 def load(ckpt_path, device, data_dir=None, offload_tables=False):
