@@ -23,8 +23,8 @@ What it reports, per preset A and B and as the ratio B/A:
   cache        the bytes the decode cache really allocated (KVCache.nbytes(), after a prefill to the
                largest context) next to GPTConfig.kv_cache_bytes, and B/A bytes per token next to
                ((2L - n_vfree) d s + 4) / (2L d s)
-  speed        prefill and decode tokens/s at --contexts (each: prefill to context - steps, then --steps
-               greedy one-token decode steps), train step ms (forward + backward + Muon/AdamW step on
+  speed        prefill and decode tokens/s at --contexts (each: prefill --decode_batch sequences of
+               random ids to context - steps, then --steps greedy one-token decode steps), train step ms (forward + backward + Muon/AdamW step on
                --batch sequences of block_size), peak memory of a decode at the largest context and of a
                train step. A and B run interleaved for --rounds rounds after one warm-up, the order
                alternating (A B, B A, ...) so that neither always runs first; the table gives medians,
@@ -181,7 +181,7 @@ def peak_bytes(device, run, existing):
 class Bench:
     """One preset built for decoding (block_size = the largest context) and one for training."""
 
-    def __init__(self, size, variant, overrides, max_context, batch, device, dtype):
+    def __init__(self, size, variant, overrides, max_context, batch, device, dtype, decode_batch=1):
         self.device, self.dtype = device, dtype
         torch.manual_seed(0)
         self.train_cfg = GPTConfig.preset(size, variant, **overrides)
@@ -193,7 +193,7 @@ class Bench:
         V, T = self.train_cfg.vocab_size, self.train_cfg.block_size
         self.x = torch.randint(0, V, (batch, T), generator=g).to(device)
         self.y = torch.randint(0, V, (batch, T), generator=g).to(device)
-        self.prompt = torch.randint(0, V, (1, self.decode_cfg.block_size), generator=g).to(device)
+        self.prompt = torch.randint(0, V, (decode_batch, self.decode_cfg.block_size), generator=g).to(device)  # one per sequence
         self.cache = None
 
     def autocast(self):
@@ -202,7 +202,7 @@ class Bench:
     @torch.no_grad()
     def prefill(self, n):
         with self.autocast():  # the cache takes the autocast dtype
-            self.cache = self.decoder.new_cache(1, self.decode_cfg.block_size)
+            self.cache = self.decoder.new_cache(self.prompt.size(0), self.decode_cfg.block_size)
             logits, _ = self.decoder(self.prompt[:, :n], cache=self.cache)
         return logits[:, -1].argmax(-1, keepdim=True)
 
@@ -223,7 +223,8 @@ class Bench:
         t1 = time.perf_counter()
         self.decode(tok, steps)
         t2 = time.perf_counter()
-        return (context - steps) / (t1 - t0), steps / (t2 - t1)
+        B = self.prompt.size(0)
+        return B * (context - steps) / (t1 - t0), B * steps / (t2 - t1)
 
     def train_step(self):
         with self.autocast():
@@ -304,8 +305,9 @@ def cache_allocated(benches, context):
         s = cache.k[0].element_size()
         expected = (2 * cfg.n_layer - len(cfg.v_free_layers())) * cfg.n_embd * s + (4 if cfg.table_layers() else 0)
         out[name] = dict(context=context, max_len=cache.max_len, filled=cache.pos, dtype=str(cache.k[0].dtype)[6:],
-                         allocated=cache.nbytes(), analytic=cfg.kv_cache_bytes(1, cache.max_len, cache.k[0].dtype),
-                         per_token=cache.nbytes() / cache.max_len, per_token_expected=expected)
+                         batch=cache.k[0].size(0), allocated=cache.nbytes(),
+                         analytic=cfg.kv_cache_bytes(cache.k[0].size(0), cache.max_len, cache.k[0].dtype),
+                         per_token=cache.nbytes() / cache.k[0].size(0) / cache.max_len, per_token_expected=expected)
         bench.cache = None
     out["exact"] = all(out[k]["allocated"] == out[k]["analytic"] for k in "ab")
     out["ratio_per_token"] = out["b"]["per_token"] / out["a"]["per_token"]
@@ -498,10 +500,11 @@ def report(r):
     lines.append(f"  {'':<32} {a:>12} {b:>12} {'B/A':>7}  {'quartiles':>11}")
     row = lambda label, m, fmt: lines.append(f"  {label:<32} {fmt(m['a']):>12} {fmt(m['b']):>12} {m['ratio']:>7.3f}"
                                              + (f"  {m['ratio_q1']:.3f}-{m['ratio_q3']:.3f}" if "ratio_q1" in m else ""))
+    nb = f", batch {s['decode_batch']}" if s["decode_batch"] > 1 else ""
     for ctx, m in s["prefill_tok_s"].items():
-        row(f"prefill tok/s, {int(ctx) - s['steps']} tokens", m, lambda x: f"{x:,.0f}")
+        row(f"prefill tok/s, {int(ctx) - s['steps']} tokens{nb}", m, lambda x: f"{x:,.0f}")
     for ctx, m in s["decode_tok_s"].items():
-        row(f"decode tok/s at context {ctx}", m, lambda x: f"{x:,.1f}")
+        row(f"decode tok/s at context {ctx}{nb}", m, lambda x: f"{x:,.1f}")
     row(f"train step ms ({s['batch']}x{s['train_block_size']})", s["train_step_ms"], lambda x: f"{x:,.1f}")
     row(f"peak memory, decode at {max(map(int, s['decode_tok_s']))}", s["peak_bytes"]["decode"], human)
     row("peak memory, train step", s["peak_bytes"]["train_step"], human)
@@ -535,6 +538,7 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, help="decode steps timed at each context (default 32; --quick 4)")
     p.add_argument("--rounds", type=int, help="interleaved A B rounds after the warm-up (default 7; --quick 1)")
     p.add_argument("--batch", type=int, help="sequences per train step (default 8; --quick 2)")
+    p.add_argument("--decode_batch", type=int, default=1, help="sequences decoded together in the speed runs (default 1)")
     p.add_argument("--serve_batch", type=int, default=32, help="batch of the analytic KV-cache table (default 32)")
     p.add_argument("--quick", action="store_true", help="a smoke run: --rounds 1 --steps 4 --batch 2 unless given")
     p.add_argument("--device", default="cuda" if cuda else "cpu", help="cpu | cuda | cuda:N")
@@ -551,7 +555,7 @@ def parse_args(argv=None):
     for k, v in quick.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
-    for k in ("steps", "rounds", "batch", "serve_batch", "threads"):
+    for k in ("steps", "rounds", "batch", "decode_batch", "serve_batch", "threads"):
         if getattr(args, k) < 1:
             p.error(f"--{k} must be at least 1, got {getattr(args, k)}")
     try:
@@ -582,14 +586,15 @@ def run(args, log):
     r["kv_cache"] = {s: kv_memory(GPTConfig.preset(s, a, **o), GPTConfig.preset(s, b, **o), args.serve_batch)
                      for s, o in sizes.items()}
     log("building the models")
-    benches = [Bench(args.size, v, overrides, max(args.contexts), args.batch, args.device, dtype) for v in args.variants]
+    benches = [Bench(args.size, v, overrides, max(args.contexts), args.batch, args.device, dtype, args.decode_batch)
+               for v in args.variants]
     log("counting FLOPs")
     fa, fb = (measured_flops(bench.train_cfg, args.device) for bench in benches)
     r["flops_measured"] = dict(a=dict(measured=fa[0], estimate=fa[1]), b=dict(measured=fb[0], estimate=fb[1]),
                                ratio=fb[0] / fa[0], tokens=benches[0].train_cfg.block_size)
     r["cache_allocated"] = cache_allocated(benches, max(args.contexts))
     speed = measure(benches, args.contexts, args.steps, args.rounds, log)
-    r["speed"] = dict(speed, steps=args.steps, rounds_run=args.rounds, batch=args.batch,
+    r["speed"] = dict(speed, steps=args.steps, rounds_run=args.rounds, batch=args.batch, decode_batch=args.decode_batch,
                       train_block_size=benches[0].train_cfg.block_size)
     return r
 

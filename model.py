@@ -264,7 +264,9 @@ class _Pass:
     sin: torch.Tensor
     pos: int                     # absolute position of ids[:, 0]
     rows: object                 # rows(t, ids) -> (B, T, C) rows of value table t
+    table: object = None         # table(t) -> (N, C) the rows that bag_index points into
     cache: KVCache | None = None
+    bag_index: torch.Tensor | None = None  # (B, H, pos + 1) row * H + h of every cached id (one-token decode)
     v1: torch.Tensor | None = None  # (B, T, H, D) layer 0's values, kept for the V1 variants
 
 
@@ -343,6 +345,8 @@ class Attention(nn.Module):
             else:
                 pos = torch.arange(T, device=x.device)
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(pos, pos, self.window))
+        elif ctx.bag_index is not None and self.source == "table" and self.v_free:
+            y = self.table_decode_step(q, k, ctx)
         else:
             k, v, mask = self.cached_keys_values(k, v, ctx)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -351,6 +355,24 @@ class Attention(nn.Module):
                 y = c * y
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.c_proj(y)
+
+    def table_decode_step(self, q, k, ctx):
+        """One decode step of a BoV layer, y_h = gamma_v sum_j p_hj E_v[i_j] over the window (eq. 5 inside
+        attention): the softmax weights p are the per-sample weights of one embedding_bag, which reads
+        each window row of E_v once and never materialises the window's values. Equal to gathering
+        the rows and calling SDPA (cached_keys_values), in fewer passes over memory."""
+        cache, p0 = ctx.cache, ctx.pos
+        B, H, D = q.size(0), self.n_head, self.head_dim
+        start = max(0, p0 + 1 - self.window)
+        cache.k[self.layer][:, :, p0:p0 + 1] = k
+        keys = cache.k[self.layer][:, :, start:p0 + 1]                                  # (B, H, W, D)
+        scores = (q * D ** -0.5) @ keys.transpose(-1, -2)                             # (B, H, 1, W)
+        p = torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32))
+        table = ctx.table(self.table)
+        rows = ctx.bag_index[:, :, start:].reshape(B * H, -1)                          # (B H, W)
+        y = F.embedding_bag(rows, table.view(-1, D), per_sample_weights=p.view(B * H, -1).to(table.dtype), mode="sum")
+        (c,) = self.coefficients()
+        return (c * y).view(B, H, 1, D).to(q.dtype)                                    # (B H, D) -> (B, H, 1, D)
 
     def cached_keys_values(self, k, v, ctx):
         """Write this pass's K (and V, unless V-free) into the cache; return the keys and values in
@@ -547,9 +569,16 @@ class GPT(nn.Module):
             cache.ids[:, pos:pos + T] = idx
         if self.offload is not None:  # bring the rows of new ids over before the trunk needs them
             self.offload.prefetch(idx)
+        bag_index = None
+        if cache is not None and cache.ids is not None and T == 1:  # see Attention.table_decode_step
+            rows = cache.ids[:, :pos + 1].long()
+            if self.offload is not None:
+                rows = self.offload.slot[rows]
+            H = self.config.n_head  # row r of a (N, C) table is rows r H .. r H + H - 1 of its (N H, D) view
+            bag_index = rows[:, None, :] * H + torch.arange(H, device=idx.device)[:, None]  # (B, H, pos + 1)
         x0 = norm(self.wte(idx))
         ctx = _Pass(ids=idx, x0=x0, cos=self.cos[pos:pos + T], sin=self.sin[pos:pos + T], pos=pos,
-                    rows=self.table_rows, cache=cache)
+                    rows=self.table_rows, table=self.table_weight, cache=cache, bag_index=bag_index)
         x = x0
         for block in self.blocks:
             x = block(x, ctx)
@@ -573,6 +602,10 @@ class GPT(nn.Module):
             for t, table in enumerate(self.tables):  # one host copy: the parameters become views of it
                 table.weight.data = self.offload.host[t]
         return self
+
+    def table_weight(self, t):
+        """Value table t as (rows, C): the parameter, or the device row cache of offloaded tables."""
+        return self.offload.cache[t] if self.offload is not None else self.tables[t].weight
 
     def table_rows(self, t, ids):
         """Rows of value table t for token ids (any shape) -> ids.shape + (C,)."""

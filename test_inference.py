@@ -212,13 +212,14 @@ def test_bad_numbers_are_refused(tiny, capsys):
 
 @pytest.fixture(scope="module")
 def bench_json():
-    """One quick bench run of baseline vs bov on a tiny model, as JSON."""
+    """One quick bench run of baseline vs bov on a tiny model, decoding 2 sequences at once, as JSON."""
     import contextlib
     import io
     out, threads = io.StringIO(), torch.get_num_threads()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-            bench.main(["--quick", "--config", TINY, "--contexts", "16,40", "--json", "--threads", "1"])
+            bench.main(["--quick", "--config", TINY, "--contexts", "16,40", "--decode_batch", "2",
+                       "--json", "--threads", "1"])
     finally:
         torch.set_num_threads(threads)  # bench.main sets it for the whole process
     return json.loads(out.getvalue())
@@ -253,7 +254,7 @@ def test_bench_cache_bytes_equal_the_analytic_figure(bench_json):
     c = bench_json["cache_allocated"]
     assert c["exact"] is True
     for k in "ab":
-        assert c[k]["allocated"] == c[k]["analytic"] and c[k]["filled"] == 40
+        assert c[k]["allocated"] == c[k]["analytic"] and c[k]["filled"] == 40 and c[k]["batch"] == 2
     # BoV keeps K in all 6 layers and V in 4, plus an int32 id per token: (12 - 2) / 12 + ids
     assert c["b"]["per_token"] == (2 * 6 - 2) * 48 * 4 + 4 and c["a"]["per_token"] == 2 * 6 * 48 * 4
     assert c["ratio_per_token"] == pytest.approx(c["ratio_expected"], rel=1e-12)
