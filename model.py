@@ -235,8 +235,8 @@ class KVCache:
     """Preallocated decode cache for `batch` sequences of up to `max_len` tokens.
 
     K for every layer; V only for layers whose values depend on context. A BoV table layer keeps
-    no V: it gathers gamma_v E_v[ids] for the ids in its window at each step and drops them after
-    the layer, so the cache holds the token ids once for the whole model (int32). A layer that
+    no V: at each step it reads E_v[ids] for the ids in its window again (Attention.table_decode_step)
+    and keeps nothing, so the cache holds the token ids once for the whole model (int32). A layer that
     replaces V by V1 reads layer 0's V cache. Tensors are (B, H, T, D).
     """
 

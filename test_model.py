@@ -160,6 +160,25 @@ def test_greedy_generate_with_cache_equals_without(variant):
     assert torch.equal(with_cache, without)
 
 
+def test_bov_decode_steps_never_materialise_the_window_values(monkeypatch):
+    """Every one-token step of a table layer goes through the embedding_bag step, not gather + SDPA."""
+    import model
+    cfg = tiny("bov")
+    m = build(cfg)
+    calls = {"bag": 0, "gather": 0}
+    bag, gather = model.Attention.table_decode_step, model.Attention.cached_keys_values
+    def counted(name, f):
+        def g(self, *a):
+            calls[name] += self.table is not None
+            return f(self, *a)
+        return g
+    monkeypatch.setattr(model.Attention, "table_decode_step", counted("bag", bag))
+    monkeypatch.setattr(model.Attention, "cached_keys_values", counted("gather", gather))
+    m.generate(batch(cfg, B=2, T=20), 10, temperature=0)
+    n_tables = len(cfg.table_layers())
+    assert calls == {"bag": 9 * n_tables, "gather": n_tables}  # 9 one-token steps; the prefill gathers
+
+
 @pytest.mark.parametrize("variant", ["baseline", "bov", "t1_r06", "t1_r13"])
 def test_chunked_prefill_equals_one_forward(variant):
     """Feeding 150 tokens as 100 + 1 + 49 through the cache gives the logits of one full forward."""
