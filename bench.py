@@ -487,7 +487,8 @@ def report(r):
                          f"{human(n * row['seq_bytes_a']):>11} {human(n * row['seq_bytes_b']):>11} "
                          f"{human(row['net_saving_seq']):>13} {human(row['net_saving_batch']):>15}")
     c = r["cache_allocated"]
-    lines += ["", f"Decode cache allocated (KVCache.nbytes() after a prefill to {c['a']['context']} tokens, {c['a']['dtype']})"]
+    lines += ["", f"Decode cache allocated (KVCache.nbytes() after a prefill to {c['a']['context']} tokens, {c['a']['dtype']}"
+              + (f", {c['a']['batch']} sequences; bytes/token per sequence" if c['a']['batch'] > 1 else "") + ")"]
     for k, name in (("a", a), ("b", b)):
         same = "==" if c[k]["allocated"] == c[k]["analytic"] else "!="
         lines.append(f"  {name:<18} {c[k]['allocated']:>14,} bytes {same} analytic {c[k]['analytic']:>14,}   "

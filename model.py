@@ -19,7 +19,7 @@ Run `python model.py` to list the presets with their parameters and FLOPs.
 """
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn as nn
@@ -267,6 +267,17 @@ class _Pass:
     table: object = None         # table(t) -> (N, C) the rows that bag_index points into
     cache: KVCache | None = None
     bag_index: torch.Tensor | None = None  # (B, H, pos + 1) row * H + h of every cached id (one-token decode)
+    bags: dict = field(default_factory=dict)  # window start -> (rows, offsets) for embedding_bag
+
+    def bag(self, start):
+        """The flat rows (B H W,) of the (N H, D) table view for the window [start, pos], and the offset
+        where each of the B H bags starts; made once per pass for all table layers with this window."""
+        if start not in self.bags:
+            B, H, end = self.bag_index.shape
+            W = end - start
+            self.bags[start] = (self.bag_index[:, :, start:].reshape(-1),
+                                torch.arange(0, B * H * W, W, device=self.bag_index.device))
+        return self.bags[start]
     v1: torch.Tensor | None = None  # (B, T, H, D) layer 0's values, kept for the V1 variants
 
 
@@ -346,7 +357,7 @@ class Attention(nn.Module):
                 pos = torch.arange(T, device=x.device)
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(pos, pos, self.window))
         elif ctx.bag_index is not None and self.source == "table" and self.v_free:
-            y = self.table_decode_step(q, k, ctx)
+            return self.c_proj(self.table_decode_step(q, k, ctx))
         else:
             k, v, mask = self.cached_keys_values(k, v, ctx)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -369,10 +380,10 @@ class Attention(nn.Module):
         scores = (q * D ** -0.5) @ keys.transpose(-1, -2)                             # (B, H, 1, W)
         p = torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32))
         table = ctx.table(self.table)
-        rows = ctx.bag_index[:, :, start:].reshape(B * H, -1)                          # (B H, W)
-        y = F.embedding_bag(rows, table.view(-1, D), per_sample_weights=p.view(B * H, -1).to(table.dtype), mode="sum")
+        rows, bags = ctx.bag(start)                                                    # bag (b, h) = window of head h
+        y = F.embedding_bag(rows, table.view(-1, D), bags, per_sample_weights=p.reshape(-1).to(table.dtype), mode="sum")
         (c,) = self.coefficients()
-        return (c * y).view(B, H, 1, D).to(q.dtype)                                    # (B H, D) -> (B, H, 1, D)
+        return (c * y).view(B, 1, H * D).to(q.dtype)                                   # (B H, D) -> (B, 1, C)
 
     def cached_keys_values(self, k, v, ctx):
         """Write this pass's K (and V, unless V-free) into the cache; return the keys and values in
