@@ -24,11 +24,13 @@ What it reports, per preset A and B and as the ratio B/A:
                largest context) next to GPTConfig.kv_cache_bytes, and B/A bytes per token next to
                ((2L - n_vfree) d s + 4) / (2L d s)
   speed        prefill and decode tokens/s at --contexts (each: prefill --decode_batch sequences of
-               random ids to context - steps, then --steps greedy one-token decode steps), train step ms (forward + backward + Muon/AdamW step on
-               --batch sequences of block_size), peak memory of a decode at the largest context and of a
-               train step. A and B run interleaved for --rounds rounds after one warm-up, the order
-               alternating (A B, B A, ...) so that neither always runs first; the table gives medians,
-               the ratio is the median of the per-round ratios B/A, with their quartiles.
+               random ids to context - steps, then --steps greedy one-token decode steps), train step
+               ms (forward + backward + Muon/AdamW step on --batch sequences of block_size), peak
+               memory of a decode at the largest context and of a train step. A and B run interleaved
+               for --rounds rounds after one warm-up, the order alternating (A B, B A, ...) so that
+               neither always runs first. The table gives each preset's median and, as B/A, the median
+               of the per-round ratios with their quartiles: read the ratio, which pairs A and B run
+               side by side; the two medians come from different rounds and may disagree with it.
 The decode model has block_size = the largest context (the "cpu" size trains at 256), so its
 sliding windows are a quarter of that; the train step uses the preset's own block_size.
 """
@@ -193,7 +195,7 @@ class Bench:
         V, T = self.train_cfg.vocab_size, self.train_cfg.block_size
         self.x = torch.randint(0, V, (batch, T), generator=g).to(device)
         self.y = torch.randint(0, V, (batch, T), generator=g).to(device)
-        self.prompt = torch.randint(0, V, (decode_batch, self.decode_cfg.block_size), generator=g).to(device)  # one per sequence
+        self.prompt = torch.randint(0, V, (decode_batch, self.decode_cfg.block_size), generator=g).to(device)
         self.cache = None
 
     def autocast(self):
@@ -507,7 +509,7 @@ def report(r):
     for ctx, m in s["decode_tok_s"].items():
         row(f"decode tok/s at context {ctx}{nb}", m, lambda x: f"{x:,.1f}")
     row(f"train step ms ({s['batch']}x{s['train_block_size']})", s["train_step_ms"], lambda x: f"{x:,.1f}")
-    row(f"peak memory, decode at {max(map(int, s['decode_tok_s']))}", s["peak_bytes"]["decode"], human)
+    row(f"peak memory, decode at {max(map(int, s['decode_tok_s']))}{nb}", s["peak_bytes"]["decode"], human)
     row("peak memory, train step", s["peak_bytes"]["train_step"], human)
     return "\n".join(lines)
 

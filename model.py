@@ -268,6 +268,7 @@ class _Pass:
     cache: KVCache | None = None
     bag_index: torch.Tensor | None = None  # (B, H, pos + 1) row * H + h of every cached id (one-token decode)
     bags: dict = field(default_factory=dict)  # window start -> (rows, offsets) for embedding_bag
+    v1: torch.Tensor | None = None  # (B, T, H, D) layer 0's values, kept for the V1 variants
 
     def bag(self, start):
         """The flat rows (B H W,) of the (N H, D) table view for the window [start, pos], and the offset
@@ -278,7 +279,6 @@ class _Pass:
             self.bags[start] = (self.bag_index[:, :, start:].reshape(-1),
                                 torch.arange(0, B * H * W, W, device=self.bag_index.device))
         return self.bags[start]
-    v1: torch.Tensor | None = None  # (B, T, H, D) layer 0's values, kept for the V1 variants
 
 
 class Attention(nn.Module):
@@ -345,7 +345,7 @@ class Attention(nn.Module):
         q = norm(apply_rope(q, ctx.cos, ctx.sin)).transpose(1, 2)  # (B, H, T, D)
         k = norm(apply_rope(k, ctx.cos, ctx.sin)).transpose(1, 2)
         if ctx.cache is not None and self.v_free:
-            v = None  # gathered from the cache over the whole window below
+            v = None  # read over the whole window below: table rows by token id, or layer 0's V cache
         else:
             v = self.value(x, ctx).transpose(1, 2)  # (B, H, T, D)
         if self.layer == 0 and v is not None:  # (a table in layer 0 has no V, and nothing reads V1 then)
@@ -581,7 +581,8 @@ class GPT(nn.Module):
         if self.offload is not None:  # bring the rows of new ids over before the trunk needs them
             self.offload.prefetch(idx)
         bag_index = None
-        if cache is not None and cache.ids is not None and T == 1:  # see Attention.table_decode_step
+        if cache is not None and cache.ids is not None and T == 1 and self.config.v_free_layers():
+            # the one-token step of a BoV layer (Attention.table_decode_step) reads the table by these
             rows = cache.ids[:, :pos + 1].long()
             if self.offload is not None:
                 rows = self.offload.slot[rows]

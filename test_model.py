@@ -160,11 +160,16 @@ def test_greedy_generate_with_cache_equals_without(variant):
     assert torch.equal(with_cache, without)
 
 
-def test_bov_decode_steps_never_materialise_the_window_values(monkeypatch):
-    """Every one-token step of a table layer goes through the embedding_bag step, not gather + SDPA."""
+@pytest.mark.parametrize("offload", [False, True])
+@pytest.mark.parametrize("variant", ["bov", "bov_shared_table", "bov_every_layer"])
+def test_table_decode_steps_equal_the_full_forward(variant, offload, monkeypatch):
+    """Every one-token step of a table layer goes through the embedding_bag step (never gather + SDPA)
+    and gives, step by step past the 128-token windows, the logits of one full forward."""
     import model
-    cfg = tiny("bov")
+    cfg = tiny(variant)
     m = build(cfg)
+    if offload:
+        m.offload_tables("cpu")
     calls = {"bag": 0, "gather": 0}
     bag, gather = model.Attention.table_decode_step, model.Attention.cached_keys_values
     def counted(name, f):
@@ -174,9 +179,13 @@ def test_bov_decode_steps_never_materialise_the_window_values(monkeypatch):
         return g
     monkeypatch.setattr(model.Attention, "table_decode_step", counted("bag", bag))
     monkeypatch.setattr(model.Attention, "cached_keys_values", counted("gather", gather))
-    m.generate(batch(cfg, B=2, T=20), 10, temperature=0)
+    idx = batch(cfg, B=2, T=150)
+    cache = m.new_cache(2)
+    parts = [m(idx[:, :5], cache=cache)[0]] + [m(idx[:, t:t + 1], cache=cache)[0] for t in range(5, 150)]
     n_tables = len(cfg.table_layers())
-    assert calls == {"bag": 9 * n_tables, "gather": n_tables}  # 9 one-token steps; the prefill gathers
+    assert calls == {"bag": 145 * n_tables, "gather": n_tables}  # 145 one-token steps; the prefill gathers
+    full, _ = m(idx)
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("variant", ["baseline", "bov", "t1_r06", "t1_r13"])
