@@ -328,6 +328,11 @@ def pyplot():
     return plt
 
 
+def run_name(metrics_path):
+    """A run's label in the plots: the folder of its metrics file (its out_dir)."""
+    return os.path.basename(os.path.dirname(os.path.abspath(metrics_path))) or metrics_path
+
+
 def save(fig, ax, path, title, xlabel, ylabel, **legend):
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -336,6 +341,7 @@ def save(fig, ax, path, title, xlabel, ylabel, **legend):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     pyplot().close(fig)
+
 
 def fig5a(path):
     """The paper's Fig 5a: V-cache memory saved by BoV, in %, against context length T (16K..1M), for the
@@ -408,7 +414,7 @@ def coefficient_plot(paths, path):
             continue
         last = evals[-1]["coefficients"]
         layers = sorted(last, key=int)
-        run = os.path.basename(os.path.dirname(os.path.abspath(p))) or p
+        run = run_name(p)
         for name in sorted({n for v in last.values() for n in v}):
             ax.plot([int(l) for l in layers], [last[l][name] for l in layers], marker="o", label=f"{run}: {name}")
             drawn += 1
@@ -426,7 +432,7 @@ def val_curves(paths, path):
     fig, ax = plt.subplots(figsize=(6, 4))
     for p in paths:
         points = read_metrics(p)
-        label = os.path.basename(os.path.dirname(os.path.abspath(p))) or p
+        label = run_name(p)
         ax.plot([x for x, _ in points], [y for _, y in points], marker=".", label=label)
     save(fig, ax, path, "validation curves (Fig 4)", "training tokens", "validation bits per byte")
 

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import GPT
-from prepare_data import DataError, atomic_write, load_tokenizer, reachable
+from prepare_data import DataError, load_tokenizer, reachable, write_json
 from sample import check_device
 
 EVAL_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
@@ -400,12 +400,6 @@ def format_table(result):
         name += f", at most {result['max_per_task']} items per task"
     lines.append(f"{name:<72} {result['core']:>+9.4f}")
     return "\n".join(lines)
-
-
-def write_json(path, obj):
-    """Write obj as JSON to path atomically (a temporary file, then a rename)."""
-    atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
-
 
 
 def main(argv=None):

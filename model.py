@@ -372,11 +372,8 @@ class Attention(nn.Module):
         attention): the softmax weights p are the per-sample weights of one embedding_bag, which reads
         each window row of E_v once and never materialises the window's values. Equal to gathering
         the rows and calling SDPA (cached_keys_values), in fewer passes over memory."""
-        cache, p0 = ctx.cache, ctx.pos
         B, H, D = q.size(0), self.n_head, self.head_dim
-        start = max(0, p0 + 1 - self.window)
-        cache.k[self.layer][:, :, p0:p0 + 1] = k
-        keys = cache.k[self.layer][:, :, start:p0 + 1]                                  # (B, H, W, D)
+        start, keys = self.cached_keys(k, ctx)                                         # (B, H, W, D)
         scores = (q * D ** -0.5) @ keys.transpose(-1, -2)                             # (B, H, 1, W)
         p = torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32))
         table = ctx.table(self.table)
@@ -385,14 +382,20 @@ class Attention(nn.Module):
         (c,) = self.coefficients()
         return (c * y).view(B, 1, H * D).to(q.dtype)                                   # (B H, D) -> (B, 1, C)
 
+    def cached_keys(self, k, ctx):
+        """Write this pass's K into the cache; return the window's first position and its keys, from
+        the oldest key the first query can see to this pass's last."""
+        p0, end = ctx.pos, ctx.pos + k.size(2)
+        start = max(0, p0 + 1 - self.window)
+        ctx.cache.k[self.layer][:, :, p0:end] = k
+        return start, ctx.cache.k[self.layer][:, :, start:end]
+
     def cached_keys_values(self, k, v, ctx):
         """Write this pass's K (and V, unless V-free) into the cache; return the keys and values in
         the window of this pass's queries, and the mask (None when every query sees every key)."""
         cache, p0, T = ctx.cache, ctx.pos, k.size(2)
         end = p0 + T
-        start = max(0, p0 + 1 - self.window)  # the oldest key the first query can see
-        cache.k[self.layer][:, :, p0:end] = k
-        keys = cache.k[self.layer][:, :, start:end]
+        start, keys = self.cached_keys(k, ctx)
         if not self.v_free:
             cache.v[self.layer][:, :, p0:end] = v
             values = cache.v[self.layer][:, :, start:end]

@@ -396,7 +396,8 @@ def atomic_write(path, write):
     os.replace(tmp, path)
 
 
-def _write_json(path, obj):
+def write_json(path, obj):
+    """Write obj as indented JSON to path atomically."""
     atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
 
 
@@ -444,7 +445,7 @@ def encode_split(split, source, enc, state, out_dir, shard_tokens, budget, threa
         name = f"{split}_{len(shards):05d}.bin"
         write_shard(os.path.join(out_dir, name), np.concatenate(buf))
         shards.append({"file": name, "tokens": buf_tokens, "docs": buf_docs, "end_row": end_row})
-        _write_json(os.path.join(out_dir, "progress.json"), state)
+        write_json(os.path.join(out_dir, "progress.json"), state)
         buf, buf_tokens, buf_docs = [], 0, 0
 
     t0, nbytes, last_row = time.time(), 0, None
@@ -474,7 +475,7 @@ def encode_split(split, source, enc, state, out_dir, shard_tokens, budget, threa
     state[split + "_done"] = True
     if split == "val":
         state["val_end_row"] = shards[-1]["end_row"] if shards else 0
-    _write_json(os.path.join(out_dir, "progress.json"), state)
+    write_json(os.path.join(out_dir, "progress.json"), state)
     return nbytes, time.time() - t0
 
 
@@ -592,7 +593,7 @@ def prepare(config, out_dir, force=False):
         tok = gpt2_tokenizer_json()
     os.makedirs(out_dir, exist_ok=True)
     if state is not None:  # resuming, or repairing a damaged shard: meta.json goes until it is true again
-        _write_json(os.path.join(out_dir, "progress.json"), state)
+        write_json(os.path.join(out_dir, "progress.json"), state)
     _remove(out_dir, ["*.tmp", "meta.json"])
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
@@ -601,11 +602,11 @@ def prepare(config, out_dir, force=False):
             tok = train_bpe_json(source, config["vocab_size"], config["tokenizer_chars"])
         token_bytes = np.array([len(base64.b64decode(b)) for b in tok["ranks"]] + [0], dtype=np.int32)
         atomic_write(os.path.join(out_dir, "token_bytes.npy"), lambda f: np.save(f, token_bytes))
-        _write_json(os.path.join(out_dir, "tokenizer.json"), tok)
+        write_json(os.path.join(out_dir, "tokenizer.json"), tok)
         state = {"format": FORMAT, "config": config, "vocab_size": tok["vocab_size"], "bos_id": tok["bos_id"],
                  "dtype": "uint16" if tok["vocab_size"] <= 65536 else "uint32",
                  "val_shards": [], "val_done": False, "val_end_row": None, "train_shards": [], "train_done": False}
-        _write_json(os.path.join(out_dir, "progress.json"), state)
+        write_json(os.path.join(out_dir, "progress.json"), state)
     with open(os.path.join(out_dir, "tokenizer.json")) as f:
         tok = json.load(f)
     enc = _encoding_from_json(tok)
@@ -633,7 +634,7 @@ def prepare(config, out_dir, force=False):
             "val_rule": ("whole plays: " + ", ".join(VAL_PLAYS)) if config["source"] == "shakespeare"
             else "every other document from the start of the source until val_tokens"}
     state = dict(meta, **state)  # the rest of the state (shard lists, config) follows the summary
-    _write_json(os.path.join(out_dir, "meta.json"), state)
+    write_json(os.path.join(out_dir, "meta.json"), state)
     os.remove(os.path.join(out_dir, "progress.json"))
     speed = f", encoded {nbytes / 1e6:.1f} MB at {nbytes / 1e6 / seconds:.1f} MB/s" if seconds > 0 else ""
     print(f"prepared {out_dir}: {state['train_tokens']:,} train tokens ({state['train_docs']:,} docs), "
