@@ -205,7 +205,7 @@ class Bench:
     def prefill(self, n):
         with self.autocast():  # the cache takes the autocast dtype
             self.cache = self.decoder.new_cache(self.prompt.size(0), self.decode_cfg.block_size)
-            logits, _ = self.decoder(self.prompt[:, :n], cache=self.cache)
+            logits, _ = self.decoder(self.prompt[:, :n], cache=self.cache, last_only=True)
         return logits[:, -1].argmax(-1, keepdim=True)
 
     @torch.no_grad()

@@ -572,9 +572,12 @@ class GPT(nn.Module):
         if idx.size(1) == 0:
             raise ValueError("empty sequence: idx needs at least one token")
 
-    def forward(self, idx, targets=None, *, reduction="mean", cache=None):
+    def forward(self, idx, targets=None, *, reduction="mean", cache=None, last_only=False):
         """logits (B, T, |V|) and, given targets (-1 = ignore), the loss: a scalar mean, or the
-        per-token losses (B, T) with reduction="none" (ignored positions give 0)."""
+        per-token losses (B, T) with reduction="none" (ignored positions give 0). last_only: the
+        logits (B, 1, |V|) of the last position and no loss, all that generation needs from a prefill."""
+        if last_only and targets is not None:
+            raise ValueError("last_only=True gives no loss: pass targets=None")
         if not torch.compiler.is_compiling():  # data-dependent checks stay out of compiled graphs
             self.check_ids(idx, cache)
         B, T = idx.shape
@@ -599,6 +602,8 @@ class GPT(nn.Module):
             x = block(x, ctx)
         if cache is not None:
             cache.pos += T
+        if last_only:
+            x = x[:, -1:]  # (B, 1, C): skip the head's |V| columns for every earlier prompt position
         logits = self.lm_head(norm(x)).float()
         logits = 15 * torch.tanh(logits / 15)  # soft-cap the logits to (-15, 15)
         if targets is None:
@@ -712,10 +717,10 @@ class GPT(nn.Module):
         cache, seq = None, idx
         for step in range(max_new_tokens):
             if not use_cache:
-                logits, _ = self(seq[:, -cfg.block_size:])
+                logits, _ = self(seq[:, -cfg.block_size:], last_only=True)
             elif cache is None or cache.pos == cache.max_len:  # prefill; when full, restart from the last half block
                 cache = self.new_cache(idx.size(0), cfg.block_size)
-                logits, _ = self(seq if step == 0 else seq[:, -(cfg.block_size // 2):], cache=cache)
+                logits, _ = self(seq if step == 0 else seq[:, -(cfg.block_size // 2):], cache=cache, last_only=True)
             else:
                 logits, _ = self(seq[:, -1:], cache=cache)
             nxt = self.sample_next(logits[:, -1, :], temperature, top_k, generator)

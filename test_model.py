@@ -200,6 +200,23 @@ def test_chunked_prefill_equals_one_forward(variant):
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("variant", ["baseline", "bov"])
+def test_last_only_logits_are_the_last_row(variant):
+    """A generation prefill computes the head for its last position only; the row equals the full forward's."""
+    cfg = tiny(variant)
+    model = build(cfg)
+    idx = batch(cfg, B=2, T=40)
+    full, _ = model(idx)
+    last, loss = model(idx, last_only=True)
+    assert last.shape == (2, 1, cfg.vocab_size) and loss is None
+    torch.testing.assert_close(last, full[:, -1:], rtol=1e-12, atol=1e-12)
+    cache = model.new_cache(2)
+    prefill, _ = model(idx, cache=cache, last_only=True)
+    torch.testing.assert_close(prefill, full[:, -1:], rtol=1e-9, atol=1e-9)
+    with pytest.raises(ValueError, match="last_only=True gives no loss"):
+        model(idx, idx, last_only=True)
+
+
 def test_generation_past_block_size_and_sampling_seeded():
     cfg = tiny("bov", block_size=32, window_pattern="L")
     model = build(cfg)
