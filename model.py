@@ -277,7 +277,7 @@ class _Pass:
             B, H, end = self.bag_index.shape
             W = end - start
             self.bags[start] = (self.bag_index[:, :, start:].reshape(-1),
-                                torch.arange(0, B * H * W, W, dtype=self.bag_index.dtype, device=self.bag_index.device))
+                                torch.arange(0, B * H * W, W, device=self.bag_index.device))
         return self.bags[start]
 
 
@@ -589,11 +589,11 @@ class GPT(nn.Module):
         bag_index = None
         if cache is not None and cache.ids is not None and T == 1 and self.config.v_free_layers():
             # the one-token step of a BoV layer (Attention.table_decode_step) reads the table by these
-            rows = cache.ids[:, None, :pos + 1]  # (B, 1, pos + 1), int32 like the offsets made from it
+            rows = cache.ids[:, None, :pos + 1]  # (B, 1, pos + 1)
             if self.offload is not None:
                 rows = self.offload.slot[rows.long()]
             H = self.config.n_head  # row r of a (N, C) table is rows r H .. r H + H - 1 of its (N H, D) view
-            bag_index = torch.add(torch.arange(H, dtype=rows.dtype, device=idx.device)[:, None], rows, alpha=H)  # (B, H, pos + 1)
+            bag_index = torch.add(torch.arange(H, device=idx.device)[:, None], rows, alpha=H)  # (B, H, pos + 1) int64
         x0 = norm(self.wte(idx))
         ctx = _Pass(ids=idx, x0=x0, cos=self.cos[pos:pos + T], sin=self.sin[pos:pos + T], pos=pos,
                     rows=self.table_rows, table=self.table_weight, cache=cache, bag_index=bag_index)

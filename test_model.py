@@ -228,6 +228,19 @@ def test_generation_past_block_size_and_sampling_seeded():
     assert out.max() < cfg.vocab_size
 
 
+def test_generation_without_cache_crops_to_the_last_block():
+    """Past block_size, use_cache=False feeds the last block_size tokens: the greedy tokens of a
+    loop of cropped full forwards."""
+    cfg = tiny("bov", block_size=32, window_pattern="L")
+    model = build(cfg)
+    seq = batch(cfg, B=2, T=10)
+    out = model.generate(seq, 40, temperature=0, use_cache=False)
+    for _ in range(40):
+        logits, _ = model(seq[:, -32:])
+        seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out, seq)
+
+
 @pytest.mark.parametrize("variant", ["baseline", "bov", "svformer", "bov_keep_v", "bov_shared_table", "t1_r09"])
 def test_cache_bytes_equal_the_analytic_formula(variant):
     cfg = tiny(variant)
