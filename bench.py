@@ -37,6 +37,7 @@ sliding windows are a quarter of that; the train step uses the preset's own bloc
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -394,9 +395,25 @@ def read_records(path):
     return records
 
 
+def number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def read_metrics(path):
-    """[(tokens or step, val_bpb)] from a train.py metrics JSONL file (records without val_bpb skipped)."""
-    points = [(r.get("tokens", r.get("step")), r["val_bpb"]) for r in read_records(path) if r.get("val_bpb") is not None]
+    """[(tokens or step, val_bpb)] from a train.py metrics JSONL file (records without val_bpb skipped);
+    BenchError for a record whose numbers or coefficients ({layer: {name: value}}) are not numbers."""
+    points = []
+    for r in read_records(path):
+        coeffs = r.get("coefficients")
+        if coeffs is not None and not (isinstance(coeffs, dict) and all(
+                str(l).isdigit() and isinstance(v, dict) and all(number(c) for c in v.values()) for l, v in coeffs.items())):
+            raise BenchError(f"{path}: a record's coefficients are not {{layer: {{name: number}}}}: {str(coeffs)[:60]}")
+        if r.get("val_bpb") is None:
+            continue
+        x = r.get("tokens", r.get("step"))
+        if not (number(r["val_bpb"]) and number(x)):
+            raise BenchError(f"{path}: a record's val_bpb and tokens (or step) are not numbers: {r['val_bpb']!r}, {x!r}")
+        points.append((x, r["val_bpb"]))
     if not points:
         raise BenchError(f"{path} has no records with val_bpb")
     return points
@@ -575,6 +592,13 @@ def parse_args(argv=None):
         p.error(f"every decode context must exceed --steps ({args.steps}): it is prefilled to context - steps first")
     if args.metrics and not args.plot:
         p.error("metrics files are read for --plot only")
+    if args.plot:  # before anything runs: a benchmark's results are not lost to a bad folder at the end
+        try:
+            os.makedirs(args.plot_dir, exist_ok=True)
+        except OSError as e:
+            p.error(f"--plot_dir {args.plot_dir}: {e.strerror}")
+        if not os.access(args.plot_dir, os.W_OK):
+            p.error(f"--plot_dir {args.plot_dir} is not writable")
     return args
 
 
@@ -619,7 +643,6 @@ def main(argv=None):
                 read_metrics(path)
         r = {} if args.metrics else run(args, log)
         if args.plot:
-            os.makedirs(args.plot_dir, exist_ok=True)
             r["plots"] = [os.path.join(args.plot_dir, "fig5a.png")]
             fig5a(r["plots"][0])
             if args.metrics:
@@ -628,12 +651,14 @@ def main(argv=None):
                 coeffs = os.path.join(args.plot_dir, "coefficients.png")
                 if coefficient_plot(args.metrics, coeffs):
                     r["plots"].append(coeffs)
-    except (BenchError, ValueError) as e:
+    except (BenchError, ValueError, OSError) as e:
         sys.exit(f"bench.py: error: {str(e).strip().splitlines()[0]}")
     except KeyboardInterrupt:
         sys.exit("bench.py: interrupted")
     if "speed" in r:
         print(json.dumps(r, indent=1) if args.json else report(r))
+    elif args.json:
+        print(json.dumps({"plots": r["plots"]}, indent=1))
     for path in r.get("plots", []):
         log(f"wrote {path}")
 

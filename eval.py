@@ -47,8 +47,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import GPT
-from prepare_data import DataError, load_tokenizer, reachable, write_json
-from sample import check_device
+from prepare_data import DataError, reachable, write_json
+from sample import check_device, checkpoint_tokenizer
 
 EVAL_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
 
@@ -408,6 +408,7 @@ def main(argv=None):
     p.add_argument("--tasks", help=f"comma-separated subset of: {', '.join(TASKS)} (default: all)")
     p.add_argument("--max_per_task", type=int, help="evaluate at most N items of each task (default: all)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu | cuda | cuda:N | mps")
+    p.add_argument("--data_dir", help="prepared-data folder whose tokenizer to use (default: the one in the checkpoint)")
     p.add_argument("--bundle", help="unzipped eval_bundle folder (default: ~/.cache/bov/eval_bundle, downloaded once)")
     p.add_argument("--batch_size", type=int, default=16, help="sequences per forward pass (default 16)")
     args = p.parse_args(argv)
@@ -419,12 +420,7 @@ def main(argv=None):
         check_device(args.device)
         bundle = get_bundle(args.bundle)  # before the model: fail fast without the data
         model, ckpt = GPT.from_checkpoint(args.ckpt, args.device)
-        if "data_dir" not in ckpt:
-            raise EvalError(f"{args.ckpt} does not say which data (and tokenizer) it was trained on: no data_dir")
-        tokenizer = load_tokenizer(ckpt["data_dir"])
-        if tokenizer.vocab_size > model.config.vocab_size:
-            raise EvalError(f"the tokenizer of {ckpt['data_dir']} has {tokenizer.vocab_size} tokens, "
-                            f"the model only {model.config.vocab_size}")
+        tokenizer = checkpoint_tokenizer(args.ckpt, ckpt, model.config.vocab_size, args.data_dir)
         result = evaluate_core(model, tokenizer, bundle, tasks, args.max_per_task, args.device, args.batch_size)
     except torch.OutOfMemoryError:
         sys.exit(f"eval.py: error: out of memory on {args.device}; lower --batch_size (now {args.batch_size})")

@@ -19,6 +19,7 @@ tokens per second) and the offload traffic go to stderr, so stdout holds the tex
 import argparse
 import codecs
 import contextlib
+import os
 import sys
 import time
 
@@ -104,7 +105,27 @@ def check_device(device):
     try:
         torch.zeros(1, device=device)
     except (AssertionError, RuntimeError, NotImplementedError) as e:
-        raise ValueError(f"--device {device} is not usable here: {str(e).splitlines()[0]}") from None
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if why.startswith("Expected one of"):  # torch lists every device type it knows: too long for one line
+            why = "not a device type torch knows (cpu, cuda, cuda:N, mps, ...)"
+        elif why.startswith("Could not run"):  # no kernels for the device: a build without its backend
+            why = f"this torch build has no {torch.device(device).type} backend"
+        raise ValueError(f"--device {device} is not usable here: {why}") from None
+
+
+def checkpoint_tokenizer(ckpt_path, ckpt, vocab_size, data_dir=None):
+    """The tokenizer of data_dir (--data_dir), else of the prepared data the checkpoint was trained on
+    (also used by eval.py). DataError, in one line, when it is not there or is larger than the model's."""
+    if not data_dir:
+        data_dir = ckpt.get("data_dir")
+        if not data_dir:
+            raise DataError(f"{ckpt_path} does not say which data (and tokenizer) it was trained on; pass --data_dir")
+        if not os.path.isdir(data_dir):  # e.g. a checkpoint from another machine, or a relative path from elsewhere
+            raise DataError(f"{ckpt_path} was trained on the data in {data_dir}, which is not here; pass --data_dir")
+    tokenizer = load_tokenizer(data_dir)
+    if tokenizer.vocab_size > vocab_size:
+        raise DataError(f"the tokenizer of {data_dir} has {tokenizer.vocab_size} tokens, the model only {vocab_size}")
+    return tokenizer
 
 
 def load(ckpt_path, device, data_dir=None, offload_tables=False):
@@ -113,13 +134,7 @@ def load(ckpt_path, device, data_dir=None, offload_tables=False):
     model, ckpt = GPT.from_checkpoint(ckpt_path, "cpu" if offload_tables else device)
     if offload_tables:
         model.offload_tables(device)
-    data_dir = data_dir or ckpt.get("data_dir")
-    if not data_dir:
-        raise SampleError(f"{ckpt_path} does not say which data (and tokenizer) it was trained on; pass --data_dir")
-    tokenizer = load_tokenizer(data_dir)
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise SampleError(f"the tokenizer of {data_dir} has {tokenizer.vocab_size} tokens, the model only {model.config.vocab_size}")
-    return model, tokenizer
+    return model, checkpoint_tokenizer(ckpt_path, ckpt, model.config.vocab_size, data_dir)
 
 
 def generate(model, tokenizer, prompt_ids, args, generator, out):
@@ -211,6 +226,10 @@ def main(argv=None):
     except KeyboardInterrupt:
         sys.stdout.write("\n")
         print("sample.py: interrupted", file=sys.stderr)
+    except BrokenPipeError:  # the reader left (e.g. `python sample.py | head`): stop quietly, like cat
+        with contextlib.suppress(OSError, ValueError):  # no error again when Python flushes stdout at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     n_prompt, t_prefill, n_decode, t_decode = totals
     print(f"sample.py: prefill {n_prompt} tokens at {rate(n_prompt, t_prefill)}; "
           f"decode {n_decode} tokens at {rate(n_decode, t_decode)}", file=sys.stderr)

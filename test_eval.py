@@ -476,3 +476,13 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path):
     assert {k: v["accuracy"] for k, v in res["tasks"].items()} == {k: v["accuracy"] for k, v in out["tasks"].items()}
     with pytest.raises(SystemExit, match=r"^eval.py: error: unknown task\(s\) nope; the tasks are jeopardy, "):
         ev.main(["--ckpt", str(ckpt), "--bundle", bundle, "--tasks", "copa,nope"])
+
+    # a checkpoint whose data folder is not here: one line naming --data_dir, which then works
+    moved = tmp_path / "moved" / "ckpt.pt"
+    model.save_checkpoint(str(moved), data_dir=str(tmp_path / "gone"))
+    with pytest.raises(SystemExit) as e:
+        ev.main(["--ckpt", str(moved), "--bundle", bundle, "--tasks", "copa"])
+    assert e.value.code == f"eval.py: error: {moved} was trained on the data in {tmp_path / 'gone'}, which is not here; pass --data_dir"
+    ev.main(["--ckpt", str(moved), "--bundle", bundle, "--tasks", "copa", "--data_dir", str(data_dir), "--batch_size", "8"])
+    moved_out = json.loads((tmp_path / "moved" / "core_eval.json").read_text())
+    assert moved_out["tasks"]["copa"]["accuracy"] == out["tasks"]["copa"]["accuracy"]

@@ -139,13 +139,15 @@ def test_num_samples_are_separated_and_differ(tiny, capsys):
 
 def test_greedy_offloaded_tables_give_the_same_tokens(tiny, capsys):
     path, tok, model = tiny
-    args = ["--ckpt", path, "--start", "values of the", "--max_new_tokens", "40", "--temperature", "0"]
+    # 100 new tokens pass the context of 64, where the cache restarts from the last half block
+    args = ["--ckpt", path, "--start", "values of the", "--max_new_tokens", "100", "--temperature", "0"]
     plain = run_sample(capsys, *args)
     offloaded = run_sample(capsys, *args, "--offload_tables")
     prompt = [tok.bos_id] + tok.encode("values of the")
-    assert plain.out == offloaded.out == greedy_text(model, tok, prompt, 40)
+    assert len(prompt) + 100 > BLOCK
+    assert plain.out == offloaded.out == greedy_text(model, tok, prompt, 100)
     # every distinct id fed to the model crossed once, for each of the 2 tables (the last token is never fed)
-    fed = model.generate(torch.tensor([prompt]), 40, temperature=0)[0, :-1]
+    fed = model.generate(torch.tensor([prompt]), 100, temperature=0)[0, :-1]
     rows = int(re.search(r"offload: ([\d,]+) table rows fetched", offloaded.err).group(1).replace(",", ""))
     moved = int(re.search(r"([\d,]+) bytes moved", offloaded.err).group(1).replace(",", ""))
     assert rows == 2 * len(fed.unique())
@@ -182,6 +184,33 @@ def test_missing_checkpoint_is_one_line_and_a_nonzero_exit(tmp_path):
     assert p.returncode != 0
     assert p.stderr.strip().splitlines() == [f"sample.py: error: no checkpoint at {tmp_path / 'nope.pt'}; `python train.py` writes one"]
     assert p.stdout == ""
+
+
+def test_checkpoint_data_dir_not_here_says_pass_data_dir(tiny, tmp_path, capsys):
+    """A checkpoint from elsewhere (its data folder missing here) is one line naming --data_dir;
+    --data_dir then works."""
+    path, tok, model = tiny
+    moved = str(tmp_path / "moved.pt")
+    model.save_checkpoint(moved, data_dir=str(tmp_path / "elsewhere" / "data"), step=0)
+    with pytest.raises(SystemExit) as e:
+        sample.main(["--ckpt", moved])
+    assert e.value.code == (f"sample.py: error: {moved} was trained on the data in {tmp_path / 'elsewhere' / 'data'}, "
+                            "which is not here; pass --data_dir")
+    data = os.path.join(os.path.dirname(path), "data")
+    out = run_sample(capsys, "--ckpt", moved, "--data_dir", data, "--max_new_tokens", "8", "--temperature", "0").out
+    assert out == greedy_text(model, tok, [tok.bos_id], 8)
+
+
+def test_a_closed_pipe_stops_sampling_quietly(tiny):
+    """`python sample.py | head -c 5`: no traceback when the reader leaves."""
+    path, _, _ = tiny
+    p = subprocess.Popen([sys.executable, os.path.join(HERE, "sample.py"), "--ckpt", path, "--max_new_tokens", "5000",
+                          "--num_samples", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=HERE)
+    p.stdout.read(5)
+    p.stdout.close()  # later writes get EPIPE
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err
 
 
 @pytest.mark.parametrize("case", ["tokenizer", "prompt_file", "not_a_checkpoint"])
@@ -289,6 +318,8 @@ def test_bench_plots_and_metrics(tmp_path, capsys):
     bench.main(["--plot", "--plot_dir", str(out), str(metrics)])
     assert sorted(p.name for p in out.iterdir()) == ["coefficients.png", "fig5a.png", "val_curves.png"]
     assert capsys.readouterr().out == ""
+    bench.main(["--plot", "--json", "--plot_dir", str(out), str(metrics)])  # --json: the plots' paths on stdout
+    assert json.loads(capsys.readouterr().out) == {"plots": [str(out / n) for n in ("fig5a.png", "val_curves.png", "coefficients.png")]}
     baseline = tmp_path / "baseline" / "metrics.jsonl"
     baseline.parent.mkdir()
     baseline.write_text(json.dumps({"type": "eval", "step": 0, "tokens": 0, "val_bpb": 3.1, "coefficients": {}}) + "\n")
@@ -297,6 +328,13 @@ def test_bench_plots_and_metrics(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--plot", "--plot_dir", str(tmp_path), str(tmp_path / "bad.jsonl")])
     assert e.value.code == f"bench.py: error: {tmp_path / 'bad.jsonl'}:1 is not a JSON line"
+    for bad, expected in (({"val_bpb": "2.5", "tokens": 0}, "are not numbers: '2.5'"),
+                          ({"val_bpb": 2.5, "tokens": 0, "coefficients": {"4": 1.0}}, "coefficients are not"),
+                          ({"val_bpb": 2.5, "tokens": 0, "coefficients": {"4": {"gamma_v": None}}}, "coefficients are not")):
+        (tmp_path / "bad.jsonl").write_text(json.dumps(bad) + "\n")
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--plot", "--plot_dir", str(tmp_path), str(tmp_path / "bad.jsonl")])
+        assert e.value.code.startswith("bench.py: error: ") and expected in e.value.code and "\n" not in e.value.code
 
 
 def test_bench_bad_arguments_are_one_line_errors(capsys):
@@ -309,3 +347,11 @@ def test_bench_bad_arguments_are_one_line_errors(capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--contexts", "8", "--steps", "8"])
     assert e.value.code == 2 and "must exceed --steps" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # refused before the benchmark runs, not after
+        bench.main(["--plot", "--plot_dir", os.path.join(HERE, "README.md", "plots")])
+    assert e.value.code == 2 and "--plot_dir" in capsys.readouterr().err
+    for device, why in (("nope", "not a device type torch knows"), ("xla", "this torch build has no xla backend")):
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--device", device, "--threads", "1"])
+        assert e.value.code == f"bench.py: error: --device {device} is not usable here: {why}" + (
+            " (cpu, cuda, cuda:N, mps, ...)" if device == "nope" else "")

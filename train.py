@@ -496,7 +496,7 @@ def main(argv):
     peak = next((v for k, v in PEAK_FLOPS.items() if use_cuda and k in torch.cuda.get_device_name(dev)), None)
 
     def checkpoint():
-        model.save_checkpoint(ckpt_path, train_config=s, data_dir=s["data_dir"], step=step,
+        model.save_checkpoint(ckpt_path, train_config=s, data_dir=os.path.abspath(s["data_dir"]), step=step,
                               optimizers=[o.state_dict() for o in optimizers], loader=loader.state(),
                               rng=rng_states(), metrics=metrics)
 
