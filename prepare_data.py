@@ -282,28 +282,39 @@ class Source:
 
     def _file_texts(self):
         for path in self.paths:
-            if path.endswith((".txt", ".md")):
-                with open(path, encoding="utf-8", newline="") as f:  # newline="": keep \r\n as is
-                    yield f.read()
-            elif path.endswith(".jsonl"):
-                with open(path, encoding="utf-8") as f:
-                    for n, line in enumerate(f, 1):
-                        if not line.strip():
-                            continue
-                        try:
-                            row = json.loads(line)
-                        except ValueError as e:
-                            raise DataError(f"{path}:{n}: invalid JSON ({e})")
-                        if not isinstance(row, dict) or self.column not in row:
-                            raise DataError(f"{path}:{n}: no {self.column!r} field (set --column)")
-                        yield row[self.column]
-            else:
-                import pyarrow.parquet as pq
+            try:
+                yield from self._texts_of(path)
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
+            except OSError as e:
+                raise DataError(f"cannot read {path}: {e.strerror or e}") from None
+
+    def _texts_of(self, path):
+        if path.endswith((".txt", ".md")):
+            with open(path, encoding="utf-8", newline="") as f:  # newline="": keep \r\n as is
+                yield f.read()
+        elif path.endswith(".jsonl"):
+            with open(path, encoding="utf-8") as f:
+                for n, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except ValueError as e:
+                        raise DataError(f"{path}:{n}: invalid JSON ({e})")
+                    if not isinstance(row, dict) or self.column not in row:
+                        raise DataError(f"{path}:{n}: no {self.column!r} field (set --column)")
+                    yield row[self.column]
+        else:
+            import pyarrow.parquet as pq
+            try:
                 pf = pq.ParquetFile(path)
-                if self.column not in pf.schema_arrow.names:
-                    raise DataError(f"{path}: no column {self.column!r} (has {pf.schema_arrow.names}; set --column)")
-                for batch in pf.iter_batches(columns=[self.column], batch_size=1024):
-                    yield from batch.column(0).to_pylist()
+            except ValueError as e:  # pyarrow.ArrowInvalid: not a parquet file
+                raise DataError(f"{path} is not a readable parquet file ({str(e).splitlines()[0]})") from None
+            if self.column not in pf.schema_arrow.names:
+                raise DataError(f"{path}: no column {self.column!r} (has {pf.schema_arrow.names}; set --column)")
+            for batch in pf.iter_batches(columns=[self.column], batch_size=1024):
+                yield from batch.column(0).to_pylist()
 
     def _hub_texts(self):
         from datasets import load_dataset
@@ -506,8 +517,8 @@ def resolve_config(args):
         vocab_size = 50257
     else:
         vocab_size = args.vocab_size or (4096 if kind == "shakespeare" else 32768)
-        if vocab_size < 257:
-            raise DataError("--vocab_size must be at least 257 (256 bytes + bos)")
+        if not 257 <= vocab_size <= 2 ** 32:
+            raise DataError("--vocab_size must be at least 257 (256 bytes + bos) and at most 2^32 (uint32 token ids)")
     default_out = {"shakespeare": DEFAULT_DATA_DIR, "climbmix": "data/climbmix", "files": "data/files",
                    "hf": "data/" + src[3:].partition(":")[0].rstrip("/").split("/")[-1]}[kind]
     config = {
@@ -552,6 +563,8 @@ def load_state(out_dir, config, force):
             state = json.load(f)
     except (OSError, ValueError) as e:
         raise DataError(f"{path} is unreadable ({e}); pass --force to rebuild {out_dir}")
+    if not isinstance(state, dict) or not {"format", "config", "val_shards", "train_shards"} <= set(state):
+        raise DataError(f"{path} is not a prepare_data.py state file; pass --force to rebuild {out_dir}")
     if state.get("format") != FORMAT:
         raise DataError(f"{out_dir} was prepared in format {state.get('format')}, this code writes {FORMAT}; "
                         f"pass --force to rebuild it")
@@ -584,13 +597,17 @@ def load_state(out_dir, config, force):
 def prepare(config, out_dir, force=False):
     """Prepare out_dir for config (see resolve_config); returns the meta dict."""
     t_start = time.time()
+    new_source = lambda: Source(config["source"], config["column"], config["hf_split"])  # fails fast when offline
+    source = new_source() if force else None  # --force deletes nothing before the new source is found
     state = load_state(out_dir, config, force)
     if state is not None and state["val_done"] and state["train_done"] and os.path.exists(os.path.join(out_dir, "meta.json")):
         print(f"{out_dir} is already prepared ({state['train_tokens']:,} train / {state['val_tokens']:,} val tokens); nothing to do")
         return state
-    source = Source(config["source"], config["column"], config["hf_split"])  # fails fast when offline
+    source = source or new_source()
     if config["tokenizer"] == "gpt2" and state is None:
         tok = gpt2_tokenizer_json()
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise DataError(f"--out_dir {out_dir} is a file, not a folder")
     os.makedirs(out_dir, exist_ok=True)
     if state is not None:  # resuming, or repairing a damaged shard: meta.json goes until it is true again
         write_json(os.path.join(out_dir, "progress.json"), state)
@@ -620,7 +637,8 @@ def prepare(config, out_dir, force=False):
         state[split + "_tokens"] = sum(s["tokens"] for s in state[split + "_shards"])
         state[split + "_docs"] = sum(s["docs"] for s in state[split + "_shards"])
         if state[split + "_docs"] == 0:
-            raise DataError(f"{config['source']} gave no {split} documents; it needs more documents "
+            raise DataError(f"{config['source']} gave no {split} documents: val takes every other document from "
+                            f"the start until it has --val_tokens, train the rest, so it needs at least two documents "
                             f"(or a smaller --val_tokens)")
         if config[split + "_tokens"] and state[split + "_tokens"] < config[split + "_tokens"]:
             print(f"note: the source ran out: {split} has {state[split + '_tokens']:,} tokens, "
@@ -687,6 +705,8 @@ def main(argv=None):
         prepare(config, out_dir, args.force)
     except DataError as e:
         sys.exit(f"prepare_data.py: error: {e}")
+    except OSError as e:  # e.g. an --out_dir that is a file, or not writable
+        sys.exit(f"prepare_data.py: error: cannot write {e.filename or 'the output'}: {e.strerror or e}")
     except KeyboardInterrupt:
         sys.exit("prepare_data.py: interrupted; re-run the same command to resume")
 

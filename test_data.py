@@ -355,7 +355,31 @@ def test_bad_input_is_one_line(tmp_path):
     assert "does not apply" in prep("--val_tokens", 1000, "--out_dir", tmp_path / "a")
     with pytest.raises(pd.DataError, match="run `python prepare_data.py` first"):
         pd.load_meta(tmp_path / "a")
+    assert "at most 2^32" in prep("--vocab_size", "1e12", "--out_dir", tmp_path / "a")
     assert not (tmp_path / "a").exists()
+    (tmp_path / "latin1.txt").write_bytes("café au lait\n".encode("latin-1"))
+    (tmp_path / "fake.parquet").write_text("not parquet")
+    (tmp_path / "file").write_text("")
+    files = lambda name: "files:" + str(tmp_path / name)
+    for args, expected in (((files("latin1.txt"), tmp_path / "b"), f"{tmp_path / 'latin1.txt'} is not UTF-8 text (byte 0xe9"),
+                           ((files("fake.parquet"), tmp_path / "b"), f"{tmp_path / 'fake.parquet'} is not a readable parquet file"),
+                           ((files("latin1.txt"), tmp_path / "file"), f"--out_dir {tmp_path / 'file'} is a file, not a folder"),
+                           ((files("latin1.txt"), tmp_path / "file" / "sub"), f"cannot write {tmp_path / 'file' / 'sub'}: Not a directory")):
+        msg = prep("--source", args[0], "--vocab_size", 300, "--out_dir", args[1])
+        assert msg.startswith("prepare_data.py: error: ") and expected in msg and "\n" not in msg, msg
+
+
+def test_force_deletes_nothing_when_the_new_source_is_bad(tmp_path):
+    """--force with a mistyped source leaves the prepared data as it was."""
+    pattern, _ = write_corpus(tmp_path)
+    out = tmp_path / "data"
+    assert prep("--source", "files:" + pattern, "--vocab_size", 300, "--val_tokens", 500, "--out_dir", out) is None
+    before = snapshot(out)
+    assert "no files match" in prep("--source", "files:" + str(tmp_path / "typo*.txt"), "--force", "--out_dir", out)
+    assert snapshot(out) == before
+    (out / "meta.json").write_text("[1]")  # valid JSON, not a state file
+    assert "is not a prepare_data.py state file; pass --force" in prep("--source", "files:" + pattern, "--vocab_size", 300,
+                                                                      "--val_tokens", 500, "--out_dir", out)
 
 
 # -----------------------------------------------------------------------------
