@@ -175,10 +175,14 @@ def load_baselines(bundle):
     path = os.path.join(bundle, "eval_meta_data.csv")
     try:
         with open(path, newline="", encoding="utf-8") as f:
-            return {row["Eval Task"].strip(): float(row["Random baseline"]) / 100 for row in csv.DictReader(f)}
+            baselines = {row["Eval Task"].strip(): float(row["Random baseline"]) / 100 for row in csv.DictReader(f)}
     except (OSError, KeyError, ValueError, TypeError) as e:
         raise EvalError(f"{path} is unreadable ({type(e).__name__}: {e}); it needs the columns "
                         f"'Eval Task' and 'Random baseline'") from None
+    bad = next((t for t, r in baselines.items() if not 0 <= r < 1), None)  # centered accuracy divides by 1 - r
+    if bad is not None:
+        raise EvalError(f"{path}: the random baseline of {bad} is {100 * baselines[bad]:g}%, not in [0, 100)")
+    return baselines
 
 
 def item_problem(kind, item):
@@ -190,7 +194,8 @@ def item_problem(kind, item):
     if not all(isinstance(v, str) for v in texts.values()) or not isinstance(options, list) \
             or not all(isinstance(o, str) for o in options):
         return f"the fields {', '.join(FIELDS[kind])} must be text (options a list of text)"
-    if kind != "lm" and not (isinstance(item["gold"], int) and 0 <= item["gold"] < len(options)):
+    gold = item.get("gold")
+    if kind != "lm" and not (isinstance(gold, int) and not isinstance(gold, bool) and 0 <= gold < len(options)):
         return f"gold {item['gold']!r} is not an index into its {len(options)} options"
     return None
 
@@ -215,6 +220,8 @@ def load_task(bundle, label):
                 items.append(item)
     except OSError as e:
         raise EvalError(f"cannot read task {label}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise EvalError(f"{path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
     if not items:
         raise EvalError(f"{path} holds no items")
     return items
@@ -340,7 +347,7 @@ def evaluate_task(model, tokenizer, label, data, n=None, device="cpu", batch_siz
 
 def check_tasks(tasks):
     """The task labels as a list (None: all 21); EvalError for an unknown one."""
-    tasks = list(TASKS) if tasks is None else list(tasks)
+    tasks = list(TASKS) if tasks is None else list(dict.fromkeys(tasks))  # each task once, in the order given
     unknown = [t for t in tasks if t not in TASKS]
     if unknown or not tasks:
         raise EvalError(f"unknown task(s) {', '.join(unknown) or '(none given)'}; the tasks are {', '.join(TASKS)}")
@@ -364,6 +371,7 @@ def evaluate_core(model, tokenizer, bundle_dir=None, tasks=None, max_per_task=No
     missing = [TASKS[t].path for t in tasks if not os.path.isfile(os.path.join(bundle, "eval_data", TASKS[t].path))]
     if missing:  # before hours of work, not after
         raise EvalError(f"{bundle}/eval_data lacks {', '.join(missing)}")
+    items = {label: load_task(bundle, label) for label in tasks}  # every file checked before any scoring
     if device is None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
     was_training = model.training
@@ -373,7 +381,7 @@ def evaluate_core(model, tokenizer, bundle_dir=None, tasks=None, max_per_task=No
         with tqdm(desc="CORE", unit="seq", leave=False) as bar:
             for label in tasks:
                 t0 = time.time()
-                data = load_task(bundle, label)
+                data = items[label]
                 random.Random(SUBSET_SEED).shuffle(data)
                 acc = evaluate_task(model, tokenizer, label, data, max_per_task, device, batch_size, bar)
                 r = baselines[label]
@@ -414,6 +422,11 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.batch_size < 1:
         p.error("--batch_size must be at least 1")
+    if args.max_per_task is not None and args.max_per_task < 1:
+        p.error(f"--max_per_task must be at least 1, got {args.max_per_task}")
+    out = os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "core_eval.json")
+    if os.path.isdir(out) or (os.path.isdir(os.path.dirname(out)) and not os.access(os.path.dirname(out), os.W_OK)):
+        p.error(f"cannot write the results to {out}")  # before the evaluation, not after it
     try:
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
         check_tasks(tasks)
@@ -430,8 +443,10 @@ def main(argv=None):
         sys.exit("eval.py: interrupted")
     result["ckpt"] = os.path.abspath(args.ckpt)
     print(format_table(result))
-    out = os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "core_eval.json")
-    write_json(out, result)
+    try:
+        write_json(out, result)
+    except OSError as e:
+        sys.exit(f"eval.py: error: cannot write {out}: {e.strerror or e}")
     print(f"wrote {out}")
 
 

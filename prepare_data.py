@@ -114,6 +114,17 @@ def load_tokenizer(data_dir):
     return Tokenizer(enc, tok["bos_id"])
 
 
+def tokenizer_sha256(data_dir):
+    """SHA-256 of data_dir's tokenizer file: checkpoints record it, so that a model is never read
+    with a tokenizer other than the one it was trained with."""
+    path = os.path.join(data_dir, load_meta(data_dir)["tokenizer_file"])
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError as e:
+        raise DataError(f"{path} is unreadable ({e.strerror}); re-run prepare_data.py with --force") from None
+
+
 def load_tokens(data_dir, split):
     """Return list[np.memmap] (read-only, 1-D, dtype meta['dtype']), one per shard of split
     ('train' or 'val'), each validated against its header and meta.json. DataError on a

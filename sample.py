@@ -26,7 +26,7 @@ import time
 import torch
 
 from model import GPT
-from prepare_data import DataError, load_tokenizer
+from prepare_data import DataError, load_tokenizer, tokenizer_sha256
 
 SEPARATOR = "\n---------------\n"
 
@@ -125,6 +125,8 @@ def checkpoint_tokenizer(ckpt_path, ckpt, vocab_size, data_dir=None):
     tokenizer = load_tokenizer(data_dir)
     if tokenizer.vocab_size > vocab_size:
         raise DataError(f"the tokenizer of {data_dir} has {tokenizer.vocab_size} tokens, the model only {vocab_size}")
+    if ckpt.get("tokenizer_sha256") not in (None, tokenizer_sha256(data_dir)):
+        raise DataError(f"the tokenizer of {data_dir} is not the one {ckpt_path} was trained with (its SHA-256 differs)")
     return tokenizer
 
 

@@ -352,9 +352,28 @@ def test_bad_tasks_bundles_and_items_are_one_line_errors(tmp_path):
         with pytest.raises(ev.EvalError, match=msg) as e:
             ev.evaluate_core(model, tok, bundle, tasks=["copa"])
         assert "\n" not in str(e.value)
+    path.write_text(json.dumps(fixture_items("copa", 1)[0]) + "\n" + '{"query": "q", "choices": ["a"], "gold": true}\n')
+    with pytest.raises(ev.EvalError, match="copa.jsonl:2: gold True is not an index"):
+        ev.evaluate_core(model, tok, bundle, tasks=["copa"])
+    path.write_bytes('{"query": "café", "choices": ["a"], "gold": 0}\n'.encode("latin-1"))
+    with pytest.raises(ev.EvalError, match=f"^{path} is not UTF-8 text"):
+        ev.evaluate_core(model, tok, bundle, tasks=["copa"])
+    # a bad file of a later task is found before any task is scored
+    write_bundle(tmp_path, {"copa": fixture_items("copa", 3), "boolq": fixture_items("boolq", 3)})
+    boolq = tmp_path / "eval_bundle" / "eval_data" / ev.TASKS["boolq"].path
+    boolq.write_text(boolq.read_text() + "{oops\n")
+    model.seen.clear()
+    with pytest.raises(ev.EvalError, match="boolq.jsonl:4: not JSON"):
+        ev.evaluate_core(model, tok, bundle, tasks=["copa", "boolq"])
+    assert model.seen == []
     write_bundle(tmp_path, {"copa": fixture_items("copa", 3)}, baselines={"winograd": 50})
     with pytest.raises(ev.EvalError, match="no random baseline for copa"):
         ev.evaluate_core(model, tok, bundle, tasks=["copa"])
+    write_bundle(tmp_path, {"copa": fixture_items("copa", 3)}, baselines={"copa": 100})  # 1 - r would be 0
+    with pytest.raises(ev.EvalError, match=r"the random baseline of copa is 100%, not in \[0, 100\)"):
+        ev.evaluate_core(model, tok, bundle, tasks=["copa"])
+    write_bundle(tmp_path, {"copa": fixture_items("copa", 3)})
+    assert list(ev.evaluate_core(model, tok, bundle, tasks=["copa", "copa"])["tasks"]) == ["copa"]  # once
 
 
 def test_bundle_may_be_given_as_the_folder_above_it(tmp_path):
@@ -476,6 +495,14 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path):
     assert {k: v["accuracy"] for k, v in res["tasks"].items()} == {k: v["accuracy"] for k, v in out["tasks"].items()}
     with pytest.raises(SystemExit, match=r"^eval.py: error: unknown task\(s\) nope; the tasks are jeopardy, "):
         ev.main(["--ckpt", str(ckpt), "--bundle", bundle, "--tasks", "copa,nope"])
+    (tmp_path / "run" / "core_eval.json").unlink()
+    (tmp_path / "run" / "core_eval.json").mkdir()  # the results cannot be written: refused before evaluating
+    r = run_cli("--ckpt", ckpt, "--bundle", bundle, "--tasks", "copa")
+    assert r.returncode == 2 and f"cannot write the results to {tmp_path / 'run' / 'core_eval.json'}" in r.stderr
+    assert "CORE" not in r.stdout
+    (tmp_path / "run" / "core_eval.json").rmdir()
+    r = run_cli("--ckpt", ckpt, "--bundle", bundle, "--max_per_task", 0)
+    assert r.returncode == 2 and "--max_per_task must be at least 1, got 0" in r.stderr
 
     # a checkpoint whose data folder is not here: one line naming --data_dir, which then works
     moved = tmp_path / "moved" / "ckpt.pt"

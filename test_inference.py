@@ -201,6 +201,22 @@ def test_checkpoint_data_dir_not_here_says_pass_data_dir(tiny, tmp_path, capsys)
     assert out == greedy_text(model, tok, [tok.bos_id], 8)
 
 
+def test_a_tokenizer_other_than_the_trained_one_is_refused(tiny, tmp_path, capsys):
+    """The checkpoint's tokenizer hash must match the data folder's (train.py records it)."""
+    path, tok, model = tiny
+    data = os.path.join(os.path.dirname(path), "data")
+    for sha, ok in ((prepare_data.tokenizer_sha256(data), True), ("0" * 64, False)):
+        ckpt = str(tmp_path / f"{ok}.pt")
+        model.save_checkpoint(ckpt, data_dir=data, tokenizer_sha256=sha, step=0)
+        if ok:
+            assert run_sample(capsys, "--ckpt", ckpt, "--max_new_tokens", "4", "--temperature", "0").out == \
+                greedy_text(model, tok, [tok.bos_id], 4)
+        else:
+            with pytest.raises(SystemExit) as e:
+                sample.main(["--ckpt", ckpt])
+            assert e.value.code == f"sample.py: error: the tokenizer of {data} is not the one {ckpt} was trained with (its SHA-256 differs)"
+
+
 def test_a_closed_pipe_stops_sampling_quietly(tiny):
     """`python sample.py | head -c 5`: no traceback when the reader leaves."""
     path, _, _ = tiny

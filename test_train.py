@@ -1,5 +1,6 @@
 """Tests of train.py: budget arithmetic, the loader, bits per byte, exact resume, DDP, bad input."""
 
+import hashlib
 import json
 import math
 import os
@@ -157,6 +158,7 @@ def test_training_lowers_the_loss_and_logs_coefficients(data_dir, tmp_path, caps
     assert "val bpb" in stdout and "done: 30 steps" in stdout
     model, ckpt = GPT.from_checkpoint(os.path.join(out, "ckpt.pt"))
     assert ckpt["step"] == 30 and ckpt["data_dir"] == data_dir
+    assert ckpt["tokenizer_sha256"] == hashlib.sha256(open(os.path.join(data_dir, "tokenizer.json"), "rb").read()).hexdigest()
     assert not [p for p in os.listdir(out) if "tmp" in p]
 
 

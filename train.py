@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from model import GPT, GPTConfig, SIZES, VARIANTS
-from prepare_data import DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokens
+from prepare_data import DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokens, tokenizer_sha256
 
 # -----------------------------------------------------------------------------
 # Defaults. Learning rates are the peak rates of the paper's 135M run (Table 6); configure_optimizers
@@ -449,6 +449,7 @@ def main(argv):
     loader = Batches(load_tokens(s["data_dir"], "train"), meta["bos_id"], T, s["seed"])
     val = val_rows(load_tokens(s["data_dir"], "val"), T, s["eval_tokens"])
     token_bytes = load_token_bytes(s["data_dir"])
+    tok_sha = tokenizer_sha256(s["data_dir"])  # recorded in the checkpoint: sample.py and eval.py check it
     epoch_tokens = loader.rows_per_epoch() * T
     log(f"data: {s['data_dir']}: {meta['train_tokens']:,} train tokens, {loader.rows_per_epoch():,} rows of {T + 1} per epoch;"
         f" validation slice {val.size:,} tokens")
@@ -496,7 +497,7 @@ def main(argv):
     peak = next((v for k, v in PEAK_FLOPS.items() if use_cuda and k in torch.cuda.get_device_name(dev)), None)
 
     def checkpoint():
-        model.save_checkpoint(ckpt_path, train_config=s, data_dir=os.path.abspath(s["data_dir"]), step=step,
+        model.save_checkpoint(ckpt_path, train_config=s, data_dir=os.path.abspath(s["data_dir"]), tokenizer_sha256=tok_sha, step=step,
                               optimizers=[o.state_dict() for o in optimizers], loader=loader.state(),
                               rng=rng_states(), metrics=metrics)
 
