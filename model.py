@@ -673,7 +673,10 @@ class GPT(nn.Module):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = f"{path}.tmp{os.getpid()}"
         try:
-            torch.save({"model": self.state_dict(), "model_config": asdict(self.config), **extra}, tmp)
+            with open(tmp, "wb") as f:
+                torch.save({"model": self.state_dict(), "model_config": asdict(self.config), **extra}, f)
+                f.flush()
+                os.fsync(f.fileno())  # on disk before the rename, so a crash cannot leave an empty checkpoint
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):

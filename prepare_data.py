@@ -411,11 +411,11 @@ def atomic_write(path, write):
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    os.replace(tmp, path)
 
 
 def write_json(path, obj):

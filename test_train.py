@@ -4,6 +4,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -251,6 +252,74 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     # and on the command line it is one line on stderr, no traceback
     r = run_train([*base, "--resume"])
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [f"error: {error([*base, '--resume'])}"]
+    open(ckpt, "wb").write(before)
+    damaged = torch.load(ckpt, weights_only=True)
+    del damaged["model"]["wte.weight"]
+    torch.save(damaged, ckpt)
+    assert f"--resume: {ckpt} is damaged (RuntimeError" in error([*base, "--resume"])
+    # the data folder is compared as a folder: the same data by another path resumes, other data does not
+    open(ckpt, "wb").write(before)
+    link = tmp_path / "same_data"
+    os.symlink(data_dir, link)
+    train.main([*base[:-1], "--resume", f"--data_dir={link}", "--max_iters=2"])  # finished already: no step, no error
+    other = tmp_path / "other_data"
+    shutil.copytree(data_dir, other)
+    assert f"was trained on the data in {os.path.realpath(data_dir)}, this run reads {other}" in error(
+        [*base[:-1], "--resume", f"--data_dir={other}", "--max_iters=2"])
+
+
+def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path):
+    base = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", "--max_iters=2"]
+
+    def error(args):
+        with pytest.raises(train.ConfigError) as e:
+            train.main(args)
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    for flag, expected in (("--target_flops=nan", "--target_flops must be positive, got nan"),
+                           ("--matrix_lr=inf", "--matrix_lr must be a finite number"),
+                           ("--weight_decay=-1", "--weight_decay must not be negative"),
+                           ("--embedding_lr=-0.1", "--embedding_lr must not be negative"),
+                           ("--seed=-1", "--seed must not be negative"),
+                           ("--final_lr_frac=50", "--final_lr_frac is a fraction: 0 to 1, got 50"),
+                           ("--warmdown_frac=nan", "--warmdown_frac must be a finite number"),
+                           ("--target_tokens=1e400", "--target_tokens: cannot convert float infinity to integer"),
+                           ("--eval_bundle=/x", "--eval_bundle is read by --core_eval only"),
+                           ("--device=meta", "--device=meta holds no data")):
+        assert expected in error([*base, flag]), flag
+    assert "--max_iters must be positive, got 0" in error([*TINY, f"--data_dir={data_dir}", "--max_iters=0"])
+    config = tmp_path / "c.py"
+    for line, expected in (("max_iters = 2.5", "max_iters = 2.5 in config file"), ('dry_run = "false"', "expected bool"),
+                           ("seed = None", "expected int"), ('size = ["cpu"]', "expected str")):
+        config.write_text(line + "\n")
+        assert expected in error([str(config), *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}"]), line
+    (tmp_path / "afile").write_text("")
+    assert "is a file, not a folder" in error([*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'afile'}", "--max_iters=2"])
+    assert "cannot be made: Not a directory" in error([*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'afile' / 'x'}",
+                                                       "--max_iters=2"])
+    assert not (tmp_path / "run").exists()  # nothing was started
+    with pytest.raises(train.ConfigError, match="not a multiple of"):  # the dry run checks the batch split too
+        train.main(["--size=paper_135m", "--total_batch_tokens=1000", "--dry_run"])
+    r = run_train([*base, "--core_eval", f"--eval_bundle={tmp_path / 'nowhere'}"])  # the bundle before training
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        f"error: --bundle: no folder {tmp_path / 'nowhere'}; expected an unzipped eval_bundle (eval_meta_data.csv and eval_data/)"]
+    assert "step 1/" not in r.stdout and not (tmp_path / "run" / "ckpt.pt").exists()
+
+
+def test_help_and_ctrl_c_are_not_tracebacks(data_dir, tmp_path):
+    r = run_train(["--help"])
+    assert r.returncode == 0 and "--matrix_lr=0.02" in r.stdout and "Settings resolve in this order" in r.stdout
+    p = subprocess.Popen([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}",
+                          "--max_iters=100000", "--eval_interval=100000"], cwd=HERE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:
+        if line.startswith("step 3/"):
+            break
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "Traceback" not in err
+    assert err.strip().splitlines() == ["interrupted; the last checkpoint (every eval_interval steps) continues with --resume"]
 
 
 def test_a_nan_loss_stops_the_run_and_keeps_the_checkpoint(data_dir, tmp_path):

@@ -105,6 +105,25 @@ def _parse_value(key, text, like):
     return text
 
 
+def _check_type(key, value, like, where):
+    """A config file's value against the default's type (ints may be written 1e6)."""
+    if isinstance(like, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(like, int):
+        ok = isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and value.is_integer()
+        value = int(value) if ok else value
+    elif isinstance(like, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif isinstance(like, str) and key != "bov_layers":
+        ok = isinstance(value, str)
+    else:
+        ok = True
+    if not ok:
+        raise ConfigError(f"{key} = {value!r} in {where}: expected {type(like).__name__}, like the default {like!r}")
+    return value
+
+
 def resolve_settings(argv):
     """Defaults, then the size's recipe, then a config file, then --key=value. Returns (train dict, model overrides)."""
     defaults = {k: globals()[k] for k in TRAIN_KEYS}
@@ -121,7 +140,8 @@ def resolve_settings(argv):
                 raise ConfigError(f"config file {arg}: {type(e).__name__}: {e}")
             for k, v in scope.items():
                 if not k.startswith("_"):
-                    given[k] = v
+                    like = defaults.get(k, model_defaults.get(k))
+                    given[k] = v if like is None else _check_type(k, v, like, f"config file {arg}")
             continue
         key, _, text = arg[2:].partition("=")
         if key not in defaults and key not in model_defaults:
@@ -129,7 +149,7 @@ def resolve_settings(argv):
         like = defaults.get(key, model_defaults.get(key))
         try:
             given[key] = _parse_value(key, text if "=" in arg else "true", like)
-        except ValueError as e:
+        except (ValueError, OverflowError) as e:
             raise ConfigError(f"--{key}: {e}")
     unknown = sorted(set(given) - set(defaults) - set(model_defaults))
     if unknown:
@@ -137,7 +157,10 @@ def resolve_settings(argv):
     if given.get("size", defaults["size"]) not in SIZES:
         raise ConfigError(f"unknown size {given['size']!r}; choose one of {', '.join(SIZES)}")
     s = {**defaults, **SIZE_DEFAULTS[given.get("size", defaults["size"])]}
-    budget_keys = [k for k in ("target_flops", "target_tokens", "max_iters") if given.get(k)]
+    for key in ("target_flops", "target_tokens", "max_iters"):
+        if key in given and not given[key] > 0:  # 0 would silently fall back to the size's budget
+            raise ConfigError(f"--{key} must be positive, got {given[key]}")
+    budget_keys = [k for k in ("target_flops", "target_tokens", "max_iters") if k in given]
     if len(budget_keys) > 1:
         raise ConfigError(f"give one budget, not {' and '.join(budget_keys)}")
     if budget_keys:  # an explicit budget replaces the size's
@@ -150,9 +173,18 @@ def resolve_settings(argv):
     for key in ("total_batch_tokens", "device_batch_size", "eval_interval", "eval_tokens", "log_interval"):
         if s[key] <= 0:
             raise ConfigError(f"--{key} must be positive, got {s[key]}")
-    for key in ("target_flops", "target_tokens", "max_iters", "warmup_iters", "warmdown_frac", "final_lr_frac"):
+    for key in TRAIN_KEYS:
+        if isinstance(s[key], float) and not math.isfinite(s[key]):
+            raise ConfigError(f"--{key} must be a finite number, got {s[key]}")
+    for key in ("target_flops", "target_tokens", "max_iters", "warmup_iters", "seed", "matrix_lr", "embedding_lr",
+                "unembedding_lr", "scalar_lr", "table_lr", "weight_decay"):
         if s[key] < 0:
             raise ConfigError(f"--{key} must not be negative, got {s[key]}")
+    for key in ("warmdown_frac", "final_lr_frac"):
+        if not 0 <= s[key] <= 1:
+            raise ConfigError(f"--{key} is a fraction: 0 to 1, got {s[key]}")
+    if s["eval_bundle"] and not s["core_eval"]:
+        raise ConfigError("--eval_bundle is read by --core_eval only")
     choices = {"dtype": ("auto", "float32", "bfloat16"), "compile": ("auto", "true", "false")}
     s["compile"] = {"1": "true", "yes": "true", "on": "true", "0": "false", "no": "false", "off": "false"}.get(
         str(s["compile"]).lower(), str(s["compile"]).lower())
@@ -359,7 +391,10 @@ def load_resume(path, s, model_config):
     if saved != now:
         diff = ", ".join(f"{k}={saved.get(k)!r} there, {now.get(k)!r} here" for k in now if saved.get(k) != now[k])
         raise ConfigError(f"--resume: {path} is a different model ({diff}); use the same settings or another --out_dir")
-    must_match = ("data_dir", "seed", "total_batch_tokens", "target_flops", "target_tokens", "max_iters", "matrix_lr",
+    here, there = os.path.realpath(s["data_dir"]), os.path.realpath(ckpt.get("data_dir", ckpt["train_config"].get("data_dir", "")))
+    if here != there:
+        raise ConfigError(f"--resume: {path} was trained on the data in {there}, this run reads {here}; use the same data")
+    must_match = ("seed", "total_batch_tokens", "target_flops", "target_tokens", "max_iters", "matrix_lr",
                   "embedding_lr", "unembedding_lr", "scalar_lr", "table_lr", "weight_decay", "warmup_iters",
                   "warmdown_frac", "final_lr_frac")
     saved = ckpt["train_config"]
@@ -386,7 +421,7 @@ def setup_device(s):
         name = "cuda" if torch.cuda.is_available() else ("mps" if torch.backends.mps.is_available() else "cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ConfigError("--device=cuda but no CUDA device is visible")
+            raise ConfigError(f"--device={name} but no CUDA device is visible")
         name = f"cuda:{local_rank}" if ddp else name
         torch.cuda.set_device(name)
     try:
@@ -394,6 +429,8 @@ def setup_device(s):
         torch.zeros(1, device=dev)
     except (RuntimeError, AssertionError) as e:
         raise ConfigError(f"--device={name} is not usable here: {str(e).splitlines()[0]}")
+    if dev.type == "meta":
+        raise ConfigError("--device=meta holds no data to train on; --dry_run prints the plan without memory")
     if ddp:
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
     return dev, rank, world, ddp
@@ -430,13 +467,22 @@ def main(argv):
     human = f"{tokens / 1e9:.2f}B" if tokens >= 1e8 else f"{tokens / 1e6:.2f}M"
     log(f"plan: {budget} -> {iters:,} iterations, {tokens:,} tokens ({human}), "
         f"{flops_per_token * tokens:.3g} FLOPs, tokens:params {tokens / counts['scaling']:.1f}")
-    if s["dry_run"]:
-        return None
-
-    dev, rank, world, ddp = setup_device(s)
+    world = int(os.environ.get("WORLD_SIZE", 1))
     if s["total_batch_tokens"] % (s["device_batch_size"] * T * world):
         raise ConfigError(f"total_batch_tokens {s['total_batch_tokens']:,} is not a multiple of "
                           f"device_batch_size x block_size x ranks = {s['device_batch_size']} x {T} x {world}")
+    if s["dry_run"]:
+        return None
+    dev, rank, world, ddp = setup_device(s)
+    if os.path.exists(s["out_dir"]) and not os.path.isdir(s["out_dir"]):
+        raise ConfigError(f"--out_dir {s['out_dir']} is a file, not a folder")
+    try:
+        os.makedirs(s["out_dir"], exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out_dir {s['out_dir']} cannot be made: {e.strerror}")
+    if s["core_eval"] and master:  # the bundle before training, not after it
+        from eval import get_bundle
+        core_bundle = get_bundle(s["eval_bundle"] or None)
     accum = s["total_batch_tokens"] // (s["device_batch_size"] * T * world)
     log(f"plan: {s['total_batch_tokens']:,} tokens/step = {s['device_batch_size']} x {T} tokens x {accum} accumulation x {world} ranks")
 
@@ -469,12 +515,15 @@ def main(argv):
     step, metrics = 0, []
     if s["resume"]:
         ckpt = load_resume(ckpt_path, s, model_config)
-        model.load_state_dict(ckpt["model"])
-        for opt, state in zip(optimizers, ckpt["optimizers"]):
-            opt.load_state_dict(state)
-        loader.load_state(ckpt["loader"])
-        set_rng_states(ckpt["rng"])
-        step, metrics = ckpt["step"], ckpt["metrics"]
+        try:
+            model.load_state_dict(ckpt["model"])
+            for opt, state in zip(optimizers, ckpt["optimizers"], strict=True):
+                opt.load_state_dict(state)
+            loader.load_state(ckpt["loader"])
+            set_rng_states(ckpt["rng"])
+            step, metrics = int(ckpt["step"]), list(ckpt["metrics"])
+        except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
+            raise ConfigError(f"--resume: {ckpt_path} is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
         log(f"resumed {ckpt_path} at step {step}")
         del ckpt
     elif os.path.exists(ckpt_path):
@@ -575,7 +624,7 @@ def main(argv):
         if s["core_eval"]:
             from eval import evaluate_core
             from prepare_data import load_tokenizer
-            result = evaluate_core(model, load_tokenizer(s["data_dir"]), s["eval_bundle"] or None, device=dev)
+            result = evaluate_core(model, load_tokenizer(s["data_dir"]), core_bundle, device=dev)
             log(f"CORE {result['core']:.4f}")
     if ddp:
         del train_model  # the DDP wrapper first, then every rank leaves together
@@ -584,9 +633,25 @@ def main(argv):
     return final
 
 
+def usage():
+    """--help: the docstring, then every setting with its default."""
+    keys = "\n".join(f"  --{k}={globals()[k]!r}" for k in TRAIN_KEYS)
+    return (f"{__doc__.strip()}\n\nTraining settings and their defaults (sizes change some, see SIZE_DEFAULTS):\n{keys}\n"
+            f"\nModel settings (GPTConfig fields; default: the size's): {', '.join(MODEL_KEYS)}")
+
+
 if __name__ == "__main__":
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(usage())
+        sys.exit(0)
     try:
         main(sys.argv[1:])
-    except (ConfigError, DataError) as e:
+    except KeyboardInterrupt:
+        print("interrupted; the last checkpoint (every eval_interval steps) continues with --resume", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:
+        from eval import EvalError
+        if not isinstance(e, (ConfigError, DataError, EvalError, OSError)):
+            raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
