@@ -262,9 +262,11 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     link = tmp_path / "same_data"
     os.symlink(data_dir, link)
     train.main([*base[:-1], "--resume", f"--data_dir={link}", "--max_iters=2"])  # finished already: no step, no error
-    other = tmp_path / "other_data"
+    other = tmp_path / "other_data"  # other data: here a copy whose tokenizer differs
     shutil.copytree(data_dir, other)
-    assert f"was trained on the data in {os.path.realpath(data_dir)}, this run reads {other}" in error(
+    with open(other / "tokenizer.json", "a") as f:
+        f.write(" ")
+    assert f"was trained on the data in {data_dir}, this run reads {other}" in error(
         [*base[:-1], "--resume", f"--data_dir={other}", "--max_iters=2"])
 
 
@@ -301,6 +303,10 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path):
     assert not (tmp_path / "run").exists()  # nothing was started
     with pytest.raises(train.ConfigError, match="not a multiple of"):  # the dry run checks the batch split too
         train.main(["--size=paper_135m", "--total_batch_tokens=1000", "--dry_run"])
+    # a budget on the command line replaces a config file's; a config file may say compile = False
+    config.write_text("target_flops = 1e18\ncompile = False\n")
+    s, _ = train.resolve_settings([str(config), "--max_iters=5"])
+    assert (s["max_iters"], s["target_flops"], s["compile"]) == (5, 0.0, "false")
     r = run_train([*base, "--core_eval", f"--eval_bundle={tmp_path / 'nowhere'}"])  # the bundle before training
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
         f"error: --bundle: no folder {tmp_path / 'nowhere'}; expected an unzipped eval_bundle (eval_meta_data.csv and eval_data/)"]
@@ -319,7 +325,17 @@ def test_help_and_ctrl_c_are_not_tracebacks(data_dir, tmp_path):
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and "Traceback" not in err
-    assert err.strip().splitlines() == ["interrupted; the last checkpoint (every eval_interval steps) continues with --resume"]
+    assert err.strip().splitlines() == ["interrupted; no checkpoint was written yet (the first comes at step eval_interval)"]
+    p = subprocess.Popen([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run2'}",
+                          "--max_iters=100000", "--eval_interval=2"], cwd=HERE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:
+        if line.startswith("step 3/"):  # after the checkpoint of step 2
+            break
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    ckpt = tmp_path / "run2" / "ckpt.pt"
+    assert p.returncode == 130 and err.strip().splitlines() == [f"interrupted; {ckpt}, from the last evaluation, continues with --resume"]
 
 
 def test_a_nan_loss_stops_the_run_and_keeps_the_checkpoint(data_dir, tmp_path):

@@ -82,6 +82,9 @@ MODEL_KEYS = [f.name for f in fields(GPTConfig)]
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 per GPU
 
 
+RUN = {"ckpt": None}  # this process's checkpoint path, for the Ctrl-C message
+
+
 class ConfigError(Exception):
     """A one-line problem with the settings, the data or the checkpoint."""
 
@@ -115,7 +118,7 @@ def _check_type(key, value, like, where):
     elif isinstance(like, float):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         value = float(value) if ok else value
-    elif isinstance(like, str) and key != "bov_layers":
+    elif isinstance(like, str) and key not in ("bov_layers", "compile"):  # compile: "auto" or a bool
         ok = isinstance(value, str)
     else:
         ok = True
@@ -128,7 +131,8 @@ def resolve_settings(argv):
     """Defaults, then the size's recipe, then a config file, then --key=value. Returns (train dict, model overrides)."""
     defaults = {k: globals()[k] for k in TRAIN_KEYS}
     model_defaults = {f.name: f.default for f in fields(GPTConfig)}
-    given = {}
+    given, budgets = {}, ("target_flops", "target_tokens", "max_iters")
+    cli_budgets = {a[2:].partition("=")[0] for a in argv if a.startswith("--")} & set(budgets)
     for arg in argv:
         if not arg.startswith("--"):
             if not os.path.isfile(arg):
@@ -139,7 +143,7 @@ def resolve_settings(argv):
             except Exception as e:
                 raise ConfigError(f"config file {arg}: {type(e).__name__}: {e}")
             for k, v in scope.items():
-                if not k.startswith("_"):
+                if not k.startswith("_") and not (cli_budgets and k in budgets):  # --key=value's budget wins
                     like = defaults.get(k, model_defaults.get(k))
                     given[k] = v if like is None else _check_type(k, v, like, f"config file {arg}")
             continue
@@ -157,10 +161,10 @@ def resolve_settings(argv):
     if given.get("size", defaults["size"]) not in SIZES:
         raise ConfigError(f"unknown size {given['size']!r}; choose one of {', '.join(SIZES)}")
     s = {**defaults, **SIZE_DEFAULTS[given.get("size", defaults["size"])]}
-    for key in ("target_flops", "target_tokens", "max_iters"):
+    for key in budgets:
         if key in given and not given[key] > 0:  # 0 would silently fall back to the size's budget
             raise ConfigError(f"--{key} must be positive, got {given[key]}")
-    budget_keys = [k for k in ("target_flops", "target_tokens", "max_iters") if k in given]
+    budget_keys = [k for k in budgets if k in given]
     if len(budget_keys) > 1:
         raise ConfigError(f"give one budget, not {' and '.join(budget_keys)}")
     if budget_keys:  # an explicit budget replaces the size's
@@ -391,9 +395,10 @@ def load_resume(path, s, model_config):
     if saved != now:
         diff = ", ".join(f"{k}={saved.get(k)!r} there, {now.get(k)!r} here" for k in now if saved.get(k) != now[k])
         raise ConfigError(f"--resume: {path} is a different model ({diff}); use the same settings or another --out_dir")
-    here, there = os.path.realpath(s["data_dir"]), os.path.realpath(ckpt.get("data_dir", ckpt["train_config"].get("data_dir", "")))
-    if here != there:
-        raise ConfigError(f"--resume: {path} was trained on the data in {there}, this run reads {here}; use the same data")
+    there = ckpt.get("data_dir", ckpt["train_config"].get("data_dir", ""))
+    same = os.path.realpath(s["data_dir"]) == os.path.realpath(there) or s["data_dir"] == ckpt["train_config"].get("data_dir")
+    if not same or ckpt.get("tokenizer_sha256") not in (None, tokenizer_sha256(s["data_dir"])):  # a moved project still resumes
+        raise ConfigError(f"--resume: {path} was trained on the data in {there}, this run reads {s['data_dir']}; use the same data")
     must_match = ("seed", "total_batch_tokens", "target_flops", "target_tokens", "max_iters", "matrix_lr",
                   "embedding_lr", "unembedding_lr", "scalar_lr", "table_lr", "weight_decay", "warmup_iters",
                   "warmdown_frac", "final_lr_frac")
@@ -467,7 +472,7 @@ def main(argv):
     human = f"{tokens / 1e9:.2f}B" if tokens >= 1e8 else f"{tokens / 1e6:.2f}M"
     log(f"plan: {budget} -> {iters:,} iterations, {tokens:,} tokens ({human}), "
         f"{flops_per_token * tokens:.3g} FLOPs, tokens:params {tokens / counts['scaling']:.1f}")
-    world = int(os.environ.get("WORLD_SIZE", 1))
+    world = int(os.environ["WORLD_SIZE"]) if int(os.environ.get("RANK", -1)) != -1 else 1  # as setup_device reads it
     if s["total_batch_tokens"] % (s["device_batch_size"] * T * world):
         raise ConfigError(f"total_batch_tokens {s['total_batch_tokens']:,} is not a multiple of "
                           f"device_batch_size x block_size x ranks = {s['device_batch_size']} x {T} x {world}")
@@ -510,7 +515,7 @@ def main(argv):
     model = GPT(model_config, device=dev)
     optimizers = model.configure_optimizers(s["matrix_lr"], s["embedding_lr"], s["unembedding_lr"],
                                             s["scalar_lr"], s["table_lr"], s["weight_decay"])
-    ckpt_path = os.path.join(s["out_dir"], CKPT)
+    ckpt_path = RUN["ckpt"] = os.path.join(s["out_dir"], CKPT)
     metrics_path = os.path.join(s["out_dir"], "metrics.jsonl")
     step, metrics = 0, []
     if s["resume"]:
@@ -647,7 +652,9 @@ if __name__ == "__main__":
     try:
         main(sys.argv[1:])
     except KeyboardInterrupt:
-        print("interrupted; the last checkpoint (every eval_interval steps) continues with --resume", file=sys.stderr)
+        kept = (f"{RUN['ckpt']}, from the last evaluation, continues with --resume" if RUN["ckpt"] and os.path.exists(RUN["ckpt"])
+                else "no checkpoint was written yet (the first comes at step eval_interval)")
+        print(f"interrupted; {kept}", file=sys.stderr)
         sys.exit(130)
     except Exception as e:
         from eval import EvalError
