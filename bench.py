@@ -52,6 +52,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from torch.utils.weak import WeakIdKeyDictionary
 
 from model import GPT, GPTConfig, SIZES
+from prepare_data import out_dir_problem
 from sample import check_device, resolve_dtype
 
 PAPER_BUDGETS = {"paper_135m": 1.5e18, "paper_780m": 3.91e19}  # training FLOPs of the paper's runs
@@ -592,13 +593,9 @@ def parse_args(argv=None):
         p.error(f"every decode context must exceed --steps ({args.steps}): it is prefilled to context - steps first")
     if args.metrics and not args.plot:
         p.error("metrics files are read for --plot only")
-    if args.plot:  # before anything runs: a benchmark's results are not lost to a bad folder at the end
-        try:
-            os.makedirs(args.plot_dir, exist_ok=True)
-        except OSError as e:
-            p.error(f"--plot_dir {args.plot_dir}: {e.strerror}")
-        if not os.access(args.plot_dir, os.W_OK):
-            p.error(f"--plot_dir {args.plot_dir} is not writable")
+    problem = args.plot and out_dir_problem(args.plot_dir)  # before anything runs: no results lost at the end
+    if problem:
+        p.error(f"--plot_dir {args.plot_dir} {problem}")
     return args
 
 

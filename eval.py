@@ -196,7 +196,7 @@ def item_problem(kind, item):
         return f"the fields {', '.join(FIELDS[kind])} must be text (options a list of text)"
     gold = item.get("gold")
     if kind != "lm" and not (isinstance(gold, int) and not isinstance(gold, bool) and 0 <= gold < len(options)):
-        return f"gold {item['gold']!r} is not an index into its {len(options)} options"
+        return f"gold {gold!r} is not an index into its {len(options)} options"
     return None
 
 

@@ -418,6 +418,18 @@ def atomic_write(path, write):
         raise
 
 
+def out_dir_problem(path):
+    """None when path is a writable folder (made if missing), else why not, in a few words
+    (train.py's --out_dir and bench.py's --plot_dir, checked before any work)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return "is a file, not a folder"
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        return f"cannot be made: {e.strerror}"
+    return None if os.access(path, os.W_OK) else "is not writable"
+
+
 def write_json(path, obj):
     """Write obj as indented JSON to path atomically."""
     atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))

@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 
 from model import GPT, GPTConfig, SIZES, VARIANTS
-from prepare_data import DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokens, tokenizer_sha256
+from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokens,
+                          out_dir_problem, tokenizer_sha256)
 
 # -----------------------------------------------------------------------------
 # Defaults. Learning rates are the peak rates of the paper's 135M run (Table 6); configure_optimizers
@@ -380,7 +381,7 @@ def set_rng_states(states):
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def load_resume(path, s, model_config):
+def load_resume(path, s, model_config, tok_sha):
     """The checkpoint to continue, after checking it belongs to this run."""
     if not os.path.exists(path):
         raise ConfigError(f"--resume: no checkpoint at {path}")
@@ -397,7 +398,7 @@ def load_resume(path, s, model_config):
         raise ConfigError(f"--resume: {path} is a different model ({diff}); use the same settings or another --out_dir")
     there = ckpt.get("data_dir", ckpt["train_config"].get("data_dir", ""))
     same = os.path.realpath(s["data_dir"]) == os.path.realpath(there) or s["data_dir"] == ckpt["train_config"].get("data_dir")
-    if not same or ckpt.get("tokenizer_sha256") not in (None, tokenizer_sha256(s["data_dir"])):  # a moved project still resumes
+    if not same or ckpt.get("tokenizer_sha256") not in (None, tok_sha):  # a moved project still resumes
         raise ConfigError(f"--resume: {path} was trained on the data in {there}, this run reads {s['data_dir']}; use the same data")
     must_match = ("seed", "total_batch_tokens", "target_flops", "target_tokens", "max_iters", "matrix_lr",
                   "embedding_lr", "unembedding_lr", "scalar_lr", "table_lr", "weight_decay", "warmup_iters",
@@ -415,12 +416,15 @@ def write_jsonl(path, records):
 
 # -----------------------------------------------------------------------------
 
+def ranks():
+    """(ddp, rank, local_rank, world) from torchrun's environment; one process without it."""
+    if int(os.environ.get("RANK", -1)) == -1:
+        return False, 0, 0, 1
+    return True, int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+
+
 def setup_device(s):
-    ddp = int(os.environ.get("RANK", -1)) != -1
-    if ddp:
-        rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    else:
-        rank, local_rank, world = 0, 0, 1
+    ddp, rank, local_rank, world = ranks()
     name = s["device"]
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else ("mps" if torch.backends.mps.is_available() else "cpu")
@@ -443,7 +447,7 @@ def setup_device(s):
 
 def main(argv):
     s, model_overrides = resolve_settings(argv)
-    master = int(os.environ.get("RANK", 0)) == 0
+    master = ranks()[1] == 0
     log = print if master else (lambda *a, **k: None)
 
     # The plan needs only the model's shapes: a meta-device model, no data.
@@ -472,19 +476,16 @@ def main(argv):
     human = f"{tokens / 1e9:.2f}B" if tokens >= 1e8 else f"{tokens / 1e6:.2f}M"
     log(f"plan: {budget} -> {iters:,} iterations, {tokens:,} tokens ({human}), "
         f"{flops_per_token * tokens:.3g} FLOPs, tokens:params {tokens / counts['scaling']:.1f}")
-    world = int(os.environ["WORLD_SIZE"]) if int(os.environ.get("RANK", -1)) != -1 else 1  # as setup_device reads it
+    world = ranks()[3]
     if s["total_batch_tokens"] % (s["device_batch_size"] * T * world):
         raise ConfigError(f"total_batch_tokens {s['total_batch_tokens']:,} is not a multiple of "
                           f"device_batch_size x block_size x ranks = {s['device_batch_size']} x {T} x {world}")
     if s["dry_run"]:
         return None
     dev, rank, world, ddp = setup_device(s)
-    if os.path.exists(s["out_dir"]) and not os.path.isdir(s["out_dir"]):
-        raise ConfigError(f"--out_dir {s['out_dir']} is a file, not a folder")
-    try:
-        os.makedirs(s["out_dir"], exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"--out_dir {s['out_dir']} cannot be made: {e.strerror}")
+    problem = out_dir_problem(s["out_dir"])
+    if problem:
+        raise ConfigError(f"--out_dir {s['out_dir']} {problem}")
     if s["core_eval"] and master:  # the bundle before training, not after it
         from eval import get_bundle
         core_bundle = get_bundle(s["eval_bundle"] or None)
@@ -519,7 +520,7 @@ def main(argv):
     metrics_path = os.path.join(s["out_dir"], "metrics.jsonl")
     step, metrics = 0, []
     if s["resume"]:
-        ckpt = load_resume(ckpt_path, s, model_config)
+        ckpt = load_resume(ckpt_path, s, model_config, tok_sha)
         try:
             model.load_state_dict(ckpt["model"])
             for opt, state in zip(optimizers, ckpt["optimizers"], strict=True):
