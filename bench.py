@@ -26,7 +26,8 @@ What it reports, per preset A and B and as the ratio B/A:
   speed        prefill and decode tokens/s at --contexts (each: prefill --decode_batch sequences of
                random ids to context - steps, then --steps greedy one-token decode steps), train step
                ms (forward + backward + Muon/AdamW step on --batch sequences of block_size), peak
-               memory of a decode at the largest context and of a train step. A and B run interleaved
+               memory of a decode at the largest context and of a train step (the preset's own weights,
+               cache and optimizer state, plus the most the run allocates on top). A and B run interleaved
                for --rounds rounds after one warm-up, the order alternating (A B, B A, ...) so that
                neither always runs first. The table gives each preset's median and, as B/A, the median
                of the per-round ratios with their quartiles: read the ratio, which pairs A and B run
@@ -110,9 +111,14 @@ def kv_memory(cfg_a, cfg_b, batch, dtype=KV_DTYPE):
                          net_saving_seq=seq_a + tab_a - seq_b - tab_b,
                          net_saving_batch=batch * (seq_a - seq_b) + tab_a - tab_b, eq6_bytes=eq6))
     extra = tab_b - tab_a
-    breakeven = extra / per_token_saving if per_token_saving > 0 else None  # tokens (one sequence, or B*T)
+    # tokens (one sequence, or B*T) where the saved cache pays for B's extra tables; 0 when B adds no table
+    # bytes (it saves from the first token); None when B saves no cache per token
+    breakeven = max(extra, 0) / per_token_saving if per_token_saving > 0 else None
+    # eq. 6's root, T = (tables added) |V| / (V-free layers added): |V| for BoV against the baseline
+    n_vfree = len(cfg_b.v_free_layers()) - len(cfg_a.v_free_layers())
+    n_tables = cfg_b.n_tables() - cfg_a.n_tables()
     return dict(dtype=str(dtype).replace("torch.", ""), batch=batch, rows=rows, breakeven_tokens=breakeven,
-                breakeven_paper=V if cfg_b.n_tables() else None,
+                breakeven_paper=n_tables * V // n_vfree if n_tables > 0 and n_vfree > 0 else None,
                 breakeven_context_batch=breakeven / batch if breakeven is not None else None)
 
 
@@ -170,13 +176,17 @@ class LiveBytes(TorchDispatchMode):
 
 
 def peak_bytes(device, run, existing):
-    """Peak memory of run(): torch.cuda's allocator statistics on CUDA, LiveBytes elsewhere."""
+    """Peak memory of run(): the bytes of the tensors existing() lists (weights, cache, optimizer state) plus
+    the most that run() adds on top of what is allocated before it. On CUDA from the allocator's statistics,
+    so that the other preset's model, also on the device, is not counted; LiveBytes elsewhere."""
     if torch.device(device).type == "cuda":
+        own = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in existing()}
         sync(device)
+        before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         run()
         sync(device)
-        return torch.cuda.max_memory_allocated(device)
+        return sum(own.values()) + torch.cuda.max_memory_allocated(device) - before
     with LiveBytes(existing()) as tracker:
         run()
     return tracker.peak
@@ -263,7 +273,7 @@ def paired(a, b):
     """medians of A and B, and the median and quartiles of the per-round ratios B/A (their spread
     says how far to trust the ratio on a busy machine)."""
     ratios = sorted(y / x for x, y in zip(a, b))
-    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3  # within the data
     return dict(a=statistics.median(a), b=statistics.median(b), ratio=statistics.median(ratios), ratio_q1=q1, ratio_q3=q3)
 
 
@@ -381,7 +391,7 @@ def read_records(path):
     """The dict records of a train.py metrics JSONL file."""
     records = []
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -393,6 +403,8 @@ def read_records(path):
                     records.append(rec)
     except OSError as e:
         raise BenchError(f"cannot read metrics file {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise BenchError(f"metrics file {path} is not UTF-8 text (train.py writes metrics.jsonl)") from None
     return records
 
 
@@ -434,7 +446,8 @@ def coefficient_plot(paths, path):
         layers = sorted(last, key=int)
         run = run_name(p)
         for name in sorted({n for v in last.values() for n in v}):
-            ax.plot([int(l) for l in layers], [last[l][name] for l in layers], marker="o", label=f"{run}: {name}")
+            have = [l for l in layers if name in last[l]]  # a run may mix, e.g. gamma_v in some layers only
+            ax.plot([int(l) for l in have], [last[l][name] for l in have], marker="o", label=f"{run}: {name}")
             drawn += 1
     if not drawn:
         plt.close(fig)
@@ -502,9 +515,12 @@ def report(r):
         lines += ["", f"KV cache at size {size} ({kv['dtype']}, batch {kv['batch']}); value tables: A {human(kv['rows'][0]['table_bytes_a'])}, "
                   f"B {human(kv['rows'][0]['table_bytes_b'])} (one copy, shared by the batch); "
                   f"saving = A cache + A tables - B cache - B tables"]
-        lines.append("  breakeven: " + (f"T = {be:,.0f} tokens for one sequence (paper: T = |V| = {kv['breakeven_paper']:,}); "
-                                        f"B*T = {be:,.0f}, i.e. T = {kv['breakeven_context_batch']:,.0f} for the batch"
-                                        if be is not None else "none (B saves no cache per token)"))
+        paper = kv["breakeven_paper"]
+        lines.append("  breakeven: " + (
+            "none (B saves no cache per token)" if be is None else
+            "none needed (B adds no table bytes and saves cache at every context)" if be == 0 else
+            f"T = {be:,.0f} tokens for one sequence" + (f" (eq. 6: T = {paper:,})" if paper is not None else "")
+            + f"; B*T = {be:,.0f}, i.e. T = {kv['breakeven_context_batch']:,.0f} for the batch"))
         lines.append(f"  {'context':>8} {'A / seq':>11} {'B / seq':>11} {'A / batch':>11} {'B / batch':>11} "
                      f"{'saving / seq':>13} {'saving / batch':>15}")
         for row in kv["rows"]:
@@ -541,13 +557,16 @@ def report(r):
 # -----------------------------------------------------------------------------
 
 def parse_overrides(text):
-    """'n_embd=48,n_head=4' -> {'n_embd': 48, 'n_head': 4} (ints, else strings)"""
+    """'n_embd=48,n_head=4,shared_table=true' -> {'n_embd': 48, 'n_head': 4, 'shared_table': True}
+    (ints, true/false, else strings)"""
     out = {}
     for item in filter(None, (t.strip() for t in (text or "").split(","))):
         key, eq, value = item.partition("=")
         if not eq:
             raise BenchError(f"--config takes key=value pairs separated by commas, got {item!r}")
-        out[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+        value = value.strip()
+        bools = {"true": True, "false": False}
+        out[key.strip()] = int(value) if value.lstrip("-").isdigit() else bools.get(value.lower(), value)
     return out
 
 
@@ -589,7 +608,9 @@ def parse_args(argv=None):
         args.contexts = sorted({int(c) for c in args.contexts.split(",") if c.strip()})
     except ValueError:
         p.error(f"--contexts must be comma-separated integers, got {args.contexts!r}")
-    if not args.contexts or args.contexts[0] <= args.steps:
+    if not args.contexts:
+        p.error("--contexts needs at least one decode context, e.g. --contexts 1024")
+    if args.contexts[0] <= args.steps:
         p.error(f"every decode context must exceed --steps ({args.steps}): it is prefilled to context - steps first")
     if args.metrics and not args.plot:
         p.error("metrics files are read for --plot only")

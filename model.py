@@ -128,7 +128,7 @@ class GPTConfig:
             bad(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if self.head_dim % 2:
             bad(f"head_dim={self.head_dim} must be even for RoPE")
-        if not self.window_pattern or set(self.window_pattern) - set("SL"):
+        if not isinstance(self.window_pattern, str) or not self.window_pattern or set(self.window_pattern) - set("SL"):
             bad(f"window_pattern must be a non-empty string of 'S' and 'L', got {self.window_pattern!r}")
         if self.value_source not in ("table", "x0", "v1", "x"):
             bad(f"value_source must be 'table', 'x0', 'v1' or 'x', got {self.value_source!r}")
@@ -151,6 +151,8 @@ class GPTConfig:
             bad("value_coeff 'gated' is the additive value embedding of nanochat: it needs value_source 'table' and value_mix 'add'")
         if self.value_source == "x" and self.value_coeff != "learned":
             bad("value_source 'x' with a fixed coefficient is standard attention; use bov_layers 'none'")
+        if not isinstance(self.shared_table, bool):
+            bad(f"shared_table must be True or False, got {self.shared_table!r}")
         if self.shared_table and self.value_source != "table":
             bad("shared_table needs value_source 'table'")
         if self.value_coeff == "gated" and self.n_embd < 12:
@@ -691,11 +693,16 @@ class GPT(nn.Module):
             raise FileNotFoundError(f"no checkpoint at {path}; `python train.py` writes one")
         try:
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # truncated, damaged, or not a torch file; never retried without weights_only
+            why = "a weights-only load refused its contents" if "weights_only" in str(e) else (str(e).splitlines() or [type(e).__name__])[0]
+            raise ValueError(f"cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged ({why})") from None
+        try:
             config = GPTConfig(**ckpt["model_config"])
             model = cls(config, device="meta")
             model.load_state_dict(ckpt["model"], assign=True)
-        except Exception as e:  # truncated file, not a checkpoint, or from another version
-            raise ValueError(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        except Exception as e:  # from another version, or edited: say which entry does not fit
+            lines = [l.strip() for l in str(e).splitlines() if l.strip()] or [type(e).__name__]
+            raise ValueError(f"cannot read checkpoint {path}: {type(e).__name__}: {' '.join(lines[:2])[:300]}") from None
         model.cos, model.sin = rope_tables(config.block_size, config.head_dim)
         return model.to(device).eval(), ckpt
 
@@ -723,7 +730,7 @@ class GPT(nn.Module):
                 logits, _ = self(seq[:, -cfg.block_size:], last_only=True)
             elif cache is None or cache.pos == cache.max_len:  # prefill; when full, restart from the last half block
                 cache = self.new_cache(idx.size(0), cfg.block_size)
-                logits, _ = self(seq if step == 0 else seq[:, -(cfg.block_size // 2):], cache=cache, last_only=True)
+                logits, _ = self(seq if step == 0 else seq[:, -max(1, cfg.block_size // 2):], cache=cache, last_only=True)
             else:
                 logits, _ = self(seq[:, -1:], cache=cache)
             nxt = self.sample_next(logits[:, -1, :], temperature, top_k, generator)
@@ -735,7 +742,8 @@ class GPT(nn.Module):
         """(B, |V|) logits -> (B, 1) next tokens: greedy at temperature 0, else top-k sampling."""
         if temperature == 0:
             return logits.argmax(dim=-1, keepdim=True)
-        logits = logits / temperature
+        # float64 and the maximum subtracted first: a tiny temperature gives 0 and -inf (greedy), never NaN
+        logits = (logits.double() - logits.amax(dim=-1, keepdim=True)) / temperature
         if top_k:  # None or 0: the whole vocabulary
             kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))

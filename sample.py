@@ -75,12 +75,14 @@ def read_prompt(start):
 
 
 def encode_prompt(tokenizer, text, block_size):
-    """<|bos|> + the tokens of text; longer than block_size -> the last block_size tokens and a warning."""
+    """<|bos|> + the tokens of text; longer than block_size -> <|bos|> + the last block_size - 1 tokens
+    of text, and a warning (every training window the model saw long text in started mid-document, but
+    generation always starts from <|bos|>, so the prompt keeps it)."""
     ids = [tokenizer.bos_id] + tokenizer.encode(text)
     if len(ids) > block_size:
         print(f"sample.py: warning: the prompt has {len(ids)} tokens (with <|bos|>), more than the model's "
-              f"context of {block_size}; keeping the last {block_size}", file=sys.stderr)
-        ids = ids[-block_size:]
+              f"context of {block_size}; keeping <|bos|> and the last {block_size - 1}", file=sys.stderr)
+        ids = ids[:1] + ids[len(ids) - (block_size - 1):]
     return ids
 
 
@@ -103,6 +105,8 @@ def resolve_dtype(name, device):
 def check_device(device):
     """ValueError, in one line, if tensors cannot be made on device (also used by bench.py and eval.py)."""
     try:
+        if torch.device(device).type == "meta":  # shapes without data: nothing can run there
+            raise RuntimeError("the meta device holds no data")
         torch.zeros(1, device=device)
     except (AssertionError, RuntimeError, NotImplementedError) as e:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -155,20 +159,23 @@ def generate(model, tokenizer, prompt_ids, args, generator, out):
             t_first = time.perf_counter()
     t_end = time.perf_counter()
     stream.close()
-    if t_first is None:
-        return len(prompt_ids), 0.0, 0, 0.0
+    if t_first is None:  # --max_new_tokens 0: the prompt was written, no forward pass ran
+        return 0, 0.0, 0, 0.0
     return len(prompt_ids), t_first - t0, n - 1, t_end - t_first
 
 
 def rate(tokens, seconds):
-    return f"{tokens / seconds:,.1f} tok/s" if seconds > 0 and tokens else "n/a"
+    if not (seconds > 0 and tokens):
+        return "n/a"
+    r = tokens / seconds
+    return f"{r:,.1f} tok/s" if r >= 1 else f"{r:.2g} tok/s"  # e.g. a prefill that includes compiling
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description="Sample text from a bov checkpoint, streamed to stdout; timings go to stderr.",
         epilog="A prompt longer than the model's context (block_size tokens, <|bos|> included) is cropped "
-               "to its last block_size tokens, with a warning. Generation past the context goes on: when "
+               "to <|bos|> and its last block_size - 1 tokens, with a warning. Generation past the context goes on: when "
                "the cache is full it restarts from the last half block.")
     p.add_argument("--ckpt", default="out/cpu_bov/ckpt.pt",
                    help="checkpoint written by train.py (default: out/cpu_bov/ckpt.pt, what a plain `python train.py` writes)")
@@ -233,8 +240,11 @@ def main(argv=None):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
     n_prompt, t_prefill, n_decode, t_decode = totals
-    print(f"sample.py: prefill {n_prompt} tokens at {rate(n_prompt, t_prefill)}; "
-          f"decode {n_decode} tokens at {rate(n_decode, t_decode)}", file=sys.stderr)
+    if n_prompt:
+        print(f"sample.py: prefill {n_prompt} tokens at {rate(n_prompt, t_prefill)}; "
+              f"decode {n_decode} tokens at {rate(n_decode, t_decode)}", file=sys.stderr)
+    else:
+        print("sample.py: no tokens generated, so no prefill or decode ran", file=sys.stderr)
     if model.offload is not None:
         print(f"sample.py: offload: {model.offload.rows_fetched:,} table rows fetched, "
               f"{model.offload.bytes_moved:,} bytes moved host -> {args.device}", file=sys.stderr)

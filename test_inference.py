@@ -174,8 +174,8 @@ def test_too_long_prompt_is_cropped_to_the_context_with_a_warning(tiny, capsys):
     ids = [tok.bos_id] + tok.encode(text)
     assert len(ids) > BLOCK
     res = run_sample(capsys, "--ckpt", path, "--start", text, "--max_new_tokens", "5", "--temperature", "0")
-    assert f"the prompt has {len(ids)} tokens" in res.err and f"keeping the last {BLOCK}" in res.err
-    assert res.out == greedy_text(model, tok, ids[-BLOCK:], 5)
+    assert f"the prompt has {len(ids)} tokens" in res.err and f"keeping <|bos|> and the last {BLOCK - 1}" in res.err
+    assert res.out == greedy_text(model, tok, [tok.bos_id] + ids[-(BLOCK - 1):], 5)
 
 
 def test_missing_checkpoint_is_one_line_and_a_nonzero_exit(tmp_path):
@@ -253,6 +253,15 @@ def test_bad_numbers_are_refused(tiny, capsys):
         assert e.value.code == 2 and f"{flag} must be" in capsys.readouterr().err
 
 
+def test_no_new_tokens_and_tiny_temperatures(tiny, capsys):
+    path, tok, model = tiny
+    res = run_sample(capsys, "--ckpt", path, "--start", "the bank", "--max_new_tokens", "0")
+    assert res.out == "the bank\n" and "no tokens generated, so no prefill or decode ran" in res.err
+    res = run_sample(capsys, "--ckpt", path, "--start", "the bank", "--max_new_tokens", "6", "--temperature", "1e-40")
+    assert res.out == greedy_text(model, tok, [tok.bos_id] + tok.encode("the bank"), 6)  # as greedy, not a crash
+    assert sample.rate(1, 30.0) == "0.033 tok/s" and sample.rate(3000, 2.0) == "1,500.0 tok/s" and sample.rate(0, 1.0) == "n/a"
+
+
 # ---------------------------------------------------------------------------- bench.py
 
 @pytest.fixture(scope="module")
@@ -317,6 +326,34 @@ def test_bench_kv_memory_follows_eq6(bench_json):
     assert kv["breakeven_context_batch"] == pytest.approx(kv["breakeven_tokens"] / kv["batch"])
 
 
+@pytest.mark.parametrize("a, b, paper, breakeven", [
+    ("baseline", "bov_shared_table", 32768 // 4, 32768 / 4),  # one table for 4 V-free layers: eq. 6 at |V| / 4
+    ("baseline", "svformer", None, 0),   # V1 replaces V: no table, so no breakeven to wait for
+    ("bov_keep_v", "bov", None, 0),      # the same tables on both sides
+    ("bov", "baseline", None, None),     # B caches more per token: it never saves
+])
+def test_bench_breakeven_of_other_pairs(bench_json, a, b, paper, breakeven):
+    kv = bench.kv_memory(GPTConfig.preset("paper_135m", a), GPTConfig.preset("paper_135m", b), batch=32)
+    assert kv["breakeven_paper"] == paper
+    if breakeven is None or breakeven == 0:
+        assert kv["breakeven_tokens"] == breakeven
+    else:
+        assert abs(kv["breakeven_tokens"] - breakeven) < 8  # BoV's int32 id per token moves it slightly
+    text = bench.report({**bench_json, "kv_cache": {"paper_135m": kv}})  # the table prints for every pair
+    line = next(l for l in text.splitlines() if "breakeven:" in l)
+    assert ("none needed" in line) == (breakeven == 0) and ("saves no cache" in line) == (breakeven is None)
+    assert ("eq. 6: T = 8,192" in line) == (paper is not None)
+
+
+def test_bench_config_overrides_and_quartiles():
+    assert bench.parse_overrides("n_head=4, shared_table=false,value_mix=add,x=True") == dict(
+        n_head=4, shared_table=False, value_mix="add", x=True)
+    with pytest.raises(ValueError, match="shared_table must be True or False"):
+        GPTConfig.preset("cpu", "bov", shared_table="False")  # a non-empty string must not count as True
+    m = bench.paired([1.0, 1.0], [0.9, 1.1])  # two rounds: the quartiles stay within the data
+    assert m["ratio_q1"] >= 0.9 and m["ratio_q3"] <= 1.1 and m["ratio"] == pytest.approx(1.0)
+
+
 def test_bench_plots_and_metrics(tmp_path, capsys):
     metrics = tmp_path / "bov" / "metrics.jsonl"
     metrics.parent.mkdir()
@@ -340,6 +377,15 @@ def test_bench_plots_and_metrics(tmp_path, capsys):
     baseline.parent.mkdir()
     baseline.write_text(json.dumps({"type": "eval", "step": 0, "tokens": 0, "val_bpb": 3.1, "coefficients": {}}) + "\n")
     assert not bench.coefficient_plot([str(baseline)], str(tmp_path / "none.png"))  # no target layers: no figure
+    mixed = tmp_path / "mixed" / "metrics.jsonl"  # a coefficient only some layers have
+    mixed.parent.mkdir()
+    mixed.write_text(json.dumps({"type": "eval", "step": 0, "tokens": 0, "val_bpb": 3.0,
+                                 "coefficients": {"4": {"gamma_v": 1.0}, "5": {"alpha_v": 1.0, "beta_v": 0.5}}}) + "\n")
+    assert bench.coefficient_plot([str(mixed)], str(tmp_path / "mixed.png")) and (tmp_path / "mixed.png").exists()
+    (tmp_path / "bin.dat").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--plot", "--plot_dir", str(tmp_path), str(tmp_path / "bin.dat")])
+    assert e.value.code == f"bench.py: error: metrics file {tmp_path / 'bin.dat'} is not UTF-8 text (train.py writes metrics.jsonl)"
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     with pytest.raises(SystemExit) as e:
         bench.main(["--plot", "--plot_dir", str(tmp_path), str(tmp_path / "bad.jsonl")])
@@ -363,10 +409,14 @@ def test_bench_bad_arguments_are_one_line_errors(capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--contexts", "8", "--steps", "8"])
     assert e.value.code == 2 and "must exceed --steps" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--contexts", ","])
+    assert e.value.code == 2 and "--contexts needs at least one decode context" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:  # refused before the benchmark runs, not after
         bench.main(["--plot", "--plot_dir", os.path.join(HERE, "README.md", "plots")])
     assert e.value.code == 2 and "--plot_dir" in capsys.readouterr().err
-    for device, why in (("nope", "not a device type torch knows"), ("xla", "this torch build has no xla backend")):
+    for device, why in (("nope", "not a device type torch knows"), ("xla", "this torch build has no xla backend"),
+                        ("meta", "the meta device holds no data")):
         with pytest.raises(SystemExit) as e:
             bench.main(["--device", device, "--threads", "1"])
         assert e.value.code == f"bench.py: error: --device {device} is not usable here: {why}" + (

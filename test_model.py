@@ -1,5 +1,6 @@
 """Tests of model.py: the architecture, the value-vector grid, decoding with a KV cache, accounting."""
 
+import io
 import math
 
 import pytest
@@ -241,6 +242,24 @@ def test_generation_without_cache_crops_to_the_last_block():
     assert torch.equal(out, seq)
 
 
+def test_generation_with_a_one_token_context():
+    """When the cache is full, generation restarts it from the last half block, at least one token:
+    with block_size 1 every step is a fresh one-token prefill, the same as the uncached loop."""
+    model = build(tiny("bov", block_size=1, window_pattern="L"))
+    seq = batch(model.config, B=2, T=1)
+    out = model.generate(seq, 7, temperature=0)
+    assert out.shape == (2, 8) and torch.equal(out, model.generate(seq, 7, temperature=0, use_cache=False))
+
+
+def test_sampling_at_a_tiny_temperature_is_greedy():
+    """logits / 1e-40 overflows to inf; sampling divides after subtracting the maximum, so a tiny
+    temperature gives the argmax, not NaN probabilities."""
+    logits = torch.randn(4, 97, generator=torch.Generator().manual_seed(0))
+    for t in (1e-40, 1e-300, 1e-3):
+        assert torch.equal(GPT.sample_next(logits, temperature=t, generator=torch.Generator().manual_seed(1)),
+                           logits.argmax(-1, keepdim=True))
+
+
 @pytest.mark.parametrize("variant", ["baseline", "bov", "svformer", "bov_keep_v", "bov_shared_table", "t1_r09"])
 def test_cache_bytes_equal_the_analytic_formula(variant):
     cfg = tiny(variant)
@@ -430,6 +449,17 @@ def test_checkpoint_round_trip(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary file left
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         GPT.from_checkpoint(str(tmp_path / "missing.pt"))
-    path.write_bytes(path.read_bytes()[:1000])
-    with pytest.raises(ValueError, match="cannot read checkpoint"):
+    good = path.read_bytes()
+    path.write_bytes(good[:1000])
+    with pytest.raises(ValueError, match="cannot read checkpoint") as e:
         GPT.from_checkpoint(str(path))
+    assert "\n" not in str(e.value) and "weights_only" not in str(e.value)  # never advise an unsafe load
+    path.write_bytes(b"\x7fELF" + bytes(range(256)) * 4)  # not a torch file at all
+    with pytest.raises(ValueError, match="not a checkpoint train.py wrote, or damaged") as e:
+        GPT.from_checkpoint(str(path))
+    ckpt = torch.load(io.BytesIO(good), weights_only=True)
+    ckpt["model"]["wte.weight"] = ckpt["model"]["wte.weight"][:10]
+    torch.save(ckpt, str(path))
+    with pytest.raises(ValueError, match="size mismatch for wte.weight") as e:  # says which entry does not fit
+        GPT.from_checkpoint(str(path))
+    assert "\n" not in str(e.value)
