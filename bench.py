@@ -24,7 +24,8 @@ What it reports, per preset A and B and as the ratio B/A:
                largest context) next to GPTConfig.kv_cache_bytes, and B/A bytes per token next to
                ((2L - n_vfree) d s + 4) / (2L d s)
   speed        prefill and decode tokens/s at --contexts (each: prefill --decode_batch sequences of
-               random ids to context - steps, then --steps greedy one-token decode steps), train step
+               random ids to context - steps, then --steps greedy one-token decode steps, A's and B's
+               steps taking turns and timed one by one, so both meet the same load), train step
                ms (forward + backward + Muon/AdamW step on --batch sequences of block_size), peak
                memory of a decode at the largest context and of a train step (the preset's own weights,
                cache and optimizer state, plus the most the run allocates on top). A and B run interleaved
@@ -221,24 +222,24 @@ class Bench:
         return logits[:, -1].argmax(-1, keepdim=True)
 
     @torch.no_grad()
-    def decode(self, tok, steps):
+    def step(self, tok):
+        """One greedy one-token decode step: the next tokens (B, 1)."""
         with self.autocast():
-            for _ in range(steps):
-                logits, _ = self.decoder(tok, cache=self.cache)
-                tok = logits[:, -1].argmax(-1, keepdim=True)
+            logits, _ = self.decoder(tok, cache=self.cache)
+        return logits[:, -1].argmax(-1, keepdim=True)
+
+    def decode(self, tok, steps):
+        for _ in range(steps):
+            tok = self.step(tok)
         tok.tolist()  # wait for the device
 
-    def time_decode(self, context, steps):
-        """(prefill tok/s of context - steps tokens, decode tok/s of `steps` steps up to context)."""
+    def timed(self, run, *args):
+        """(result of run(*args), seconds it took, the device included)."""
         sync(self.device)
         t0 = time.perf_counter()
-        tok = self.prefill(context - steps)
+        out = run(*args)
         sync(self.device)
-        t1 = time.perf_counter()
-        self.decode(tok, steps)
-        t2 = time.perf_counter()
-        B = self.prompt.size(0)
-        return B * (context - steps) / (t1 - t0), B * steps / (t2 - t1)
+        return out, time.perf_counter() - t0
 
     def train_step(self):
         with self.autocast():
@@ -251,10 +252,7 @@ class Bench:
         loss.item()
 
     def time_train_step(self):
-        sync(self.device)
-        t0 = time.perf_counter()
-        self.train_step()
-        return 1e3 * (time.perf_counter() - t0)
+        return 1e3 * self.timed(self.train_step)[1]
 
     def memory(self, context, steps):
         """(peak bytes of `steps` decode steps after a prefill to context - steps, peak bytes of a train step)."""
@@ -267,6 +265,23 @@ class Bench:
         train = peak_bytes(self.device, self.train_step, state)
         self.cache = None
         return decode, train
+
+
+def time_decode(benches, context, steps, order):
+    """Prefill and decode tok/s of each bench at `context`: each prefills context - steps tokens, then
+    the two decode `steps` one-token steps in turn, A B, B A, ..., each step timed on its own, so that
+    both see the same moments of a busy machine. -> ([prefill tok/s], [decode tok/s]) in bench order."""
+    prefill, toks = [0.0] * len(benches), [None] * len(benches)
+    for k in order:
+        toks[k], prefill[k] = benches[k].timed(benches[k].prefill, context - steps)
+    spent = [0.0] * len(benches)
+    for s in range(steps):
+        for k in (order if s % 2 == 0 else order[::-1]):
+            toks[k], t = benches[k].timed(benches[k].step, toks[k])
+            spent[k] += t
+    tokens = [b.prompt.size(0) for b in benches]
+    return ([n * (context - steps) / t for n, t in zip(tokens, prefill)],
+            [n * steps / t for n, t in zip(tokens, spent)])
 
 
 def paired(a, b):
@@ -286,11 +301,11 @@ def measure(benches, contexts, steps, rounds, log):
         log(f"round {r}/{rounds}" + (" (warm-up)" if r == 0 else ""))
         order = (0, 1) if r % 2 else (1, 0)  # A B, then B A: neither always runs first, on colder caches
         for c in contexts:
-            for k in order:
-                prefill, decode = benches[k].time_decode(c, steps)
-                if r:
-                    runs["prefill", c][k].append(prefill)
-                    runs["decode", c][k].append(decode)
+            prefill, decode = time_decode(benches, c, steps, order)
+            if r:
+                for k in (0, 1):
+                    runs["prefill", c][k].append(prefill[k])
+                    runs["decode", c][k].append(decode[k])
         for k in order:
             ms = benches[k].time_train_step()
             if r:

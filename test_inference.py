@@ -345,6 +345,18 @@ def test_bench_breakeven_of_other_pairs(bench_json, a, b, paper, breakeven):
     assert ("eq. 6: T = 8,192" in line) == (paper is not None)
 
 
+def test_bench_decode_steps_take_turns():
+    """A's and B's decode steps alternate, A B, B A, ..., after both prefilled: paired in time."""
+    overrides = bench.parse_overrides(TINY)
+    benches = [bench.Bench("cpu", v, overrides, 32, 1, "cpu", torch.float32) for v in ("baseline", "bov")]
+    calls = []
+    for k, b in enumerate(benches):
+        b.step = (lambda k, step: lambda tok: (calls.append(k), step(tok))[1])(k, b.step)
+    prefill, decode = bench.time_decode(benches, 32, 6, (1, 0))
+    assert calls == [1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1]
+    assert all(x > 0 for x in prefill + decode) and all(b.cache.pos == 32 for b in benches)
+
+
 def test_bench_config_overrides_and_quartiles():
     assert bench.parse_overrides("n_head=4, shared_table=false,value_mix=add,x=True") == dict(
         n_head=4, shared_table=False, value_mix="add", x=True)
