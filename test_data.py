@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -380,6 +381,94 @@ def test_force_deletes_nothing_when_the_new_source_is_bad(tmp_path):
     (out / "meta.json").write_text("[1]")  # valid JSON, not a state file
     assert "is not a prepare_data.py state file; pass --force" in prep("--source", "files:" + pattern, "--vocab_size", 300,
                                                                       "--val_tokens", 500, "--out_dir", out)
+
+
+def test_ctrl_c_while_the_tokenizer_trains_stops_the_run(tmp_path, monkeypatch):
+    """rustbpe swallows a KeyboardInterrupt raised while it trains and returns as if done; the
+    Ctrl-C must still stop the run (a fake trainer that does what rustbpe does)."""
+    import rustbpe
+
+    class Swallowing:
+        def train_from_iterator(self, texts, vocab_size, pattern):
+            for _ in texts:
+                pass
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)  # the signal handler runs here
+            except KeyboardInterrupt:
+                pass  # what rustbpe does with it
+
+        def get_mergeable_ranks(self):
+            return [(bytes([i]), i) for i in range(256)]
+    monkeypatch.setattr(rustbpe, "Tokenizer", Swallowing)
+    pattern, _ = write_corpus(tmp_path)
+    msg = prep("--source", "files:" + pattern, "--vocab_size", 257, "--val_tokens", 500, "--out_dir", tmp_path / "d")
+    assert msg == "prepare_data.py: interrupted; re-run the same command to resume"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the usual Ctrl-C again afterwards
+
+
+def test_more_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
+    pattern, _ = write_corpus(tmp_path)
+    args = ("--vocab_size", 300, "--val_tokens", 500)
+    # --force with a gpt2 tokenizer that cannot be had deletes nothing
+    out = tmp_path / "data"
+    assert prep("--source", "files:" + pattern, *args, "--out_dir", out) is None
+    (out / "notes.tmp").write_text("the user's own file")
+    before = snapshot(out)
+    def unavailable():
+        raise pd.DataError("the gpt2 tokenizer is not in tiktoken's cache")
+    monkeypatch.setattr(pd, "gpt2_tokenizer_json", unavailable)
+    assert "gpt2 tokenizer is not in" in prep("--source", "files:" + pattern, "--tokenizer", "gpt2", "--val_tokens", 500,
+                                               "--force", "--out_dir", out)
+    assert snapshot(out) == before
+    # a rerun leaves files that are not its own temporaries alone; an empty token_bytes.npy is rebuilt
+    (out / "token_bytes.npy").write_bytes(b"")
+    with pytest.raises(pd.DataError, match="token_bytes.npy is unreadable"):
+        pd.load_token_bytes(out)
+    assert prep("--source", "files:" + pattern, *args, "--out_dir", out) is None
+    assert "starting over" in capsys.readouterr().out
+    assert (out / "notes.tmp").read_text() == "the user's own file" and len(pd.load_token_bytes(out)) == 300
+    # a state file from elsewhere: an unknown key, a list
+    meta = json.loads((out / "meta.json").read_text())
+    meta["config"]["extra"] = 1
+    (out / "meta.json").write_text(json.dumps(meta))
+    msg = prep("--source", "files:" + pattern, *args, "--out_dir", out)
+    assert "other arguments (extra: 1, now None)" in msg and "\n" not in msg
+    (out / "meta.json").write_text("[]")
+    with pytest.raises(pd.DataError, match="is not a prepare_data.py meta file"):
+        pd.load_meta(out)
+    # counts that are not finite
+    for flag in ("--vocab_size", "--train_tokens"):
+        with pytest.raises(SystemExit) as e:
+            pd.main(["--source", "files:" + pattern, flag, "inf", "--out_dir", str(tmp_path / "x")])
+        assert e.value.code == 2 and "must be a positive whole number: 'inf'" in capsys.readouterr().err
+    # a lone surrogate (valid JSON, not text), a bad byte far into a file, a source with no training text
+    (tmp_path / "s.jsonl").write_text('{"text": "fine"}\n{"text": "half an emoji \\ud83d here"}\n')
+    (tmp_path / "late.txt").write_bytes(b"a" * 100_000 + b"\xff" + b"b" * 10)
+    (tmp_path / "one.txt").write_text("a single document")
+    files = lambda name: "files:" + str(tmp_path / name)
+    for source, expected in ((files("s.jsonl"), f"{tmp_path / 's.jsonl'}:2: the 'text' text holds a lone UTF-16 surrogate"),
+                             (files("late.txt"), "is not UTF-8 text (byte 0xff at offset 100000)"),
+                             (files("one.txt"), "gave no training text for the tokenizer")):
+        msg = prep("--source", source, *args, "--out_dir", tmp_path / "y")
+        assert msg.startswith("prepare_data.py: error: ") and expected in msg and "\n" not in msg, msg
+
+
+def test_a_hub_stream_that_fails_midway_is_one_line(tmp_path, monkeypatch):
+    import datasets
+
+    class Stream:
+        column_names = ["text"]
+
+        def select_columns(self, columns):
+            yield {"text": "the first document " * 20}
+            yield {"text": "the second document " * 20}
+            raise ConnectionError("Connection reset by peer\nmore detail")
+    monkeypatch.setattr(pd, "_check_hub", lambda: None)
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: Stream())
+    msg = prep("--source", "hf:someone/data", "--vocab_size", 257, "--out_dir", tmp_path / "h")
+    assert msg == ("prepare_data.py: error: reading someone/data from the hub failed after 2 rows: ConnectionError: "
+                   "Connection reset by peer; re-run the same command to resume")
 
 
 # -----------------------------------------------------------------------------
