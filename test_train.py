@@ -345,3 +345,21 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_checkpoint(data_dir, tmp_path):
         train.main([*args, "--matrix_lr=1e4", "--warmup_iters=1"])  # diverges within a few steps
     saved = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)  # the last good checkpoint is intact
     assert all(torch.isfinite(v).all() for v in saved["model"].values())
+
+
+def test_device_cuda_without_an_index_selects_gpu_0(monkeypatch):
+    """torch.cuda.set_device("cuda") raises: --device=cuda (and auto) must name the index. Checked on
+    a CPU build with torch.cuda faked; .ci/gpu_check runs the real thing."""
+    seen = []
+
+    def set_device(name):  # what torch does with a name that has no index
+        if ":" not in str(name):
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{name}")
+        seen.append(name)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    for device in ("cuda", "auto", "cuda:0"):
+        with pytest.raises(train.ConfigError):  # a CPU build cannot make the tensor: refused in one line
+            train.setup_device({"device": device})
+    assert seen == ["cuda:0", "cuda:0", "cuda:0"]

@@ -431,7 +431,7 @@ def setup_device(s):
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ConfigError(f"--device={name} but no CUDA device is visible")
-        name = f"cuda:{local_rank}" if ddp else name
+        name = f"cuda:{local_rank}" if ddp else (name if ":" in name else "cuda:0")  # set_device needs an index
         torch.cuda.set_device(name)
     try:
         dev = torch.device(name)
