@@ -234,7 +234,7 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     assert "--device_batch_size must be positive" in error([*base, "--device_batch_size=0"])
     assert "--dtype must be one of" in error([*base, "--dtype=fp8"])
     assert "--compile must be one of" in error([*base, "--compile=maybe"])
-    assert "--device=foo is not usable" in error([*base, "--device=foo"])
+    assert "--device foo is not usable here: not a device type torch knows" in error([*base, "--device=foo"])
     assert "less than one row of block_size=32" in error([*base, "--eval_tokens=10"])
     bad_file = tmp_path / "bad_config.py"
     bad_file.write_text("size = 'cpu\n")
@@ -288,7 +288,10 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path):
                            ("--warmdown_frac=nan", "--warmdown_frac must be a finite number"),
                            ("--target_tokens=1e400", "--target_tokens: cannot convert float infinity to integer"),
                            ("--eval_bundle=/x", "--eval_bundle is read by --core_eval only"),
-                           ("--device=meta", "--device=meta holds no data")):
+                           ("--device=meta", "--device=meta holds no data"),
+                           ("--max_iters=2.5e0", "--max_iters: expected a whole number, got '2.5e0'"),
+                           ("--seed=4294967296", "--seed must be below 2^32"),
+                           ("--device=xla", "--device xla is not usable here: this torch build has no xla backend")):
         assert expected in error([*base, flag]), flag
     assert "--max_iters must be positive, got 0" in error([*TINY, f"--data_dir={data_dir}", "--max_iters=0"])
     config = tmp_path / "c.py"
@@ -363,3 +366,36 @@ def test_device_cuda_without_an_index_selects_gpu_0(monkeypatch):
         with pytest.raises(train.ConfigError):  # a CPU build cannot make the tensor: refused in one line
             train.setup_device({"device": device})
     assert seen == ["cuda:0", "cuda:0", "cuda:0"]
+
+
+def test_a_failed_save_or_damaged_data_is_one_line(data_dir, tmp_path, monkeypatch):
+    """A full disk while saving (torch.save raises RuntimeError) keeps the last good checkpoint; a token
+    id outside the vocabulary, in a shard that passes its header checks, is refused before it is used;
+    a checkpoint whose step is past the run's end is refused on resume."""
+    out = str(tmp_path / "run")
+    args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--eval_interval=2", "--max_iters=4"]
+    save, calls = torch.save, []
+
+    def full_disk(*a, **k):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 512 vs 448")
+        return save(*a, **k)
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(train.ConfigError) as e:
+        train.main(args)
+    assert str(e.value) == ("could not write the checkpoint at step 4 (RuntimeError: [enforce fail at inline_container.cc:672] "
+                            f". unexpected pos 512 vs 448; is the disk full?); the last good checkpoint {out}/ckpt.pt is kept")
+    monkeypatch.setattr(torch, "save", save)
+    assert torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["step"] == 2
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    ckpt["step"] = 100
+    torch.save(ckpt, os.path.join(out, "ckpt.pt"))
+    with pytest.raises(train.ConfigError, match=r"is at step 100, outside this run's 0\.\.4 iterations"):
+        train.main([*args, "--resume"])
+    damaged = tmp_path / "data"
+    shutil.copytree(data_dir, damaged)
+    train_shard = next(f for f in sorted(os.listdir(damaged)) if f.startswith("train_"))
+    np.memmap(damaged / train_shard, dtype=np.uint16, mode="r+", offset=24)[1::7] = 299 + 1000  # all through the shard, so the first batch meets one
+    with pytest.raises(train.DataError, match=r"the train data in .* holds token id 1299, outside the model's vocabulary of 300"):
+        train.main([*TINY, f"--data_dir={damaged}", f"--out_dir={tmp_path / 'run2'}", "--max_iters=2"])

@@ -7,8 +7,8 @@ Train a GPT, standard or Bank of Values, on a FLOP budget as the paper does (its
     python train.py config/paper_135m.py --variant=bov    # a config file, then --key=value overrides
     torchrun --standalone --nproc_per_node=8 train.py config/paper_135m.py
 
-Settings resolve in this order: the defaults below, the size's recipe (SIZE_DEFAULTS), an optional
-config file (Python assignments), then --key=value. Any GPTConfig field (n_layer, bov_layers, ...)
+Settings resolve in this order: the defaults below, the size's recipe (SIZE_DEFAULTS), then config
+files (Python assignments) and --key=value in the order given, a later one winning. Any GPTConfig field (n_layer, bov_layers, ...)
 is a key too. The resolved settings are printed and saved in the checkpoint.
 """
 
@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from model import GPT, GPTConfig, SIZES, VARIANTS
+from sample import check_device
 from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokens,
                           out_dir_problem, tokenizer_sha256)
 
@@ -102,8 +103,11 @@ def _parse_value(key, text, like):
         if text.lower() in ("0", "false", "no", "off"):
             return False
         raise ValueError(f"expected true/false, got {text!r}")
-    if isinstance(like, int):
-        return int(float(text)) if "e" in text.lower() else int(text)
+    if isinstance(like, int):  # 2e9 is a whole number; 2.5e0 is not, and is refused rather than cut to 2
+        x = float(text) if "e" in text.lower() else int(text)
+        if x != int(x):
+            raise ValueError(f"expected a whole number, got {text!r}")
+        return int(x)
     if isinstance(like, float):
         return float(text)
     return text
@@ -185,6 +189,8 @@ def resolve_settings(argv):
                 "unembedding_lr", "scalar_lr", "table_lr", "weight_decay"):
         if s[key] < 0:
             raise ConfigError(f"--{key} must not be negative, got {s[key]}")
+    if s["seed"] >= 2 ** 32:
+        raise ConfigError(f"--seed must be below 2^32 (numpy's limit), got {s['seed']}")
     for key in ("warmdown_frac", "final_lr_frac"):
         if not 0 <= s[key] <= 1:
             raise ConfigError(f"--{key} is a fraction: 0 to 1, got {s[key]}")
@@ -433,13 +439,13 @@ def setup_device(s):
             raise ConfigError(f"--device={name} but no CUDA device is visible")
         name = f"cuda:{local_rank}" if ddp else (name if ":" in name else "cuda:0")  # set_device needs an index
         torch.cuda.set_device(name)
-    try:
-        dev = torch.device(name)
-        torch.zeros(1, device=dev)
-    except (RuntimeError, AssertionError) as e:
-        raise ConfigError(f"--device={name} is not usable here: {str(e).splitlines()[0]}")
-    if dev.type == "meta":
+    if name == "meta":
         raise ConfigError("--device=meta holds no data to train on; --dry_run prints the plan without memory")
+    try:
+        check_device(name)  # torch's own messages can run to a thousand characters
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    dev = torch.device(name)
     if ddp:
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
     return dev, rank, world, ddp
@@ -530,6 +536,8 @@ def main(argv):
             step, metrics = int(ckpt["step"]), list(ckpt["metrics"])
         except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
             raise ConfigError(f"--resume: {ckpt_path} is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+        if not 0 <= step <= iters:
+            raise ConfigError(f"--resume: {ckpt_path} is at step {step}, outside this run's 0..{iters} iterations; it is damaged")
         log(f"resumed {ckpt_path} at step {step}")
         del ckpt
     elif os.path.exists(ckpt_path):
@@ -552,9 +560,14 @@ def main(argv):
     peak = next((v for k, v in PEAK_FLOPS.items() if use_cuda and k in torch.cuda.get_device_name(dev)), None)
 
     def checkpoint():
-        model.save_checkpoint(ckpt_path, train_config=s, data_dir=os.path.abspath(s["data_dir"]), tokenizer_sha256=tok_sha, step=step,
-                              optimizers=[o.state_dict() for o in optimizers], loader=loader.state(),
-                              rng=rng_states(), metrics=metrics)
+        try:
+            model.save_checkpoint(ckpt_path, train_config=s, data_dir=os.path.abspath(s["data_dir"]), tokenizer_sha256=tok_sha,
+                                  step=step, optimizers=[o.state_dict() for o in optimizers], loader=loader.state(),
+                                  rng=rng_states(), metrics=metrics)
+        except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
+            kept = f"the last good checkpoint {ckpt_path} is kept" if os.path.exists(ckpt_path) else "no checkpoint was written"
+            raise ConfigError(f"could not write the checkpoint at step {step} ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}; is the disk full?); {kept}") from None
 
     def run_eval():
         r = evaluate(model, val, token_bytes, s["device_batch_size"], dev, autocast, rank, world)
@@ -565,6 +578,12 @@ def main(argv):
         coeffs = " ".join(f"L{k}:" + ",".join(f"{x:.2f}" for x in v.values()) for k, v in rec["coefficients"].items())
         log(f"eval step {step}: val loss {r['val_loss']:.4f}, val bpb {r['val_bpb']:.4f}" + (f" | coeff {coeffs}" if coeffs else ""))
         return rec
+
+    def check_ids(rows, split):
+        if rows.size and rows.max() >= model_config.vocab_size:  # a damaged shard: one line, not a traceback mid-run
+            raise DataError(f"the {split} data in {s['data_dir']} holds token id {rows.max()}, outside the model's "
+                            f"vocabulary of {model_config.vocab_size}: it is damaged; re-run prepare_data.py with --force")
+    check_ids(val, "validation")
 
     def check_finite(value, what):
         if not math.isfinite(value):
@@ -591,6 +610,7 @@ def main(argv):
                 g["lr"] = g["initial_lr"] * lrm
         epoch_before = loader.epoch
         step_rows = loader.next_rows(s["device_batch_size"] * accum * world)
+        check_ids(step_rows, "train")
         if loader.epoch != epoch_before:
             log(f"WARNING: step {step + 1} starts epoch {loader.epoch + 1} of {s['data_dir']}: the run is past a single epoch")
         loss_sum = 0.0
