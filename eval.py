@@ -411,7 +411,8 @@ def format_table(result):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Evaluate a checkpoint on CORE (21 DCLM tasks); writes core_eval.json beside it.")
+    p = argparse.ArgumentParser(description="Evaluate a checkpoint on CORE (21 DCLM tasks); writes core_eval.json beside it "
+                                "(core_eval_partial.json for --tasks or --max_per_task, so a quick check never replaces a full result).")
     p.add_argument("--ckpt", required=True, help="checkpoint written by train.py")
     p.add_argument("--tasks", help=f"comma-separated subset of: {', '.join(TASKS)} (default: all)")
     p.add_argument("--max_per_task", type=int, help="evaluate at most N items of each task (default: all)")
@@ -424,7 +425,10 @@ def main(argv=None):
         p.error("--batch_size must be at least 1")
     if args.max_per_task is not None and args.max_per_task < 1:
         p.error(f"--max_per_task must be at least 1, got {args.max_per_task}")
-    out = os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "core_eval.json")
+    if not os.path.isfile(args.ckpt):  # before the bundle, which may be a download
+        sys.exit(f"eval.py: error: no checkpoint at {args.ckpt}; `python train.py` writes one")
+    partial = bool(args.tasks) or args.max_per_task is not None
+    out = os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "core_eval_partial.json" if partial else "core_eval.json")
     if os.path.isdir(out) or (os.path.isdir(os.path.dirname(out)) and not os.access(os.path.dirname(out), os.W_OK)):
         p.error(f"cannot write the results to {out}")  # before the evaluation, not after it
     try:

@@ -446,7 +446,8 @@ def test_no_bundle_offline_is_one_clear_line_and_fast(tmp_path, monkeypatch):
     with pytest.raises(ev.EvalError, match="unreachable.*--bundle"):
         ev.get_bundle()
     assert time.time() - t0 < 6
-    r = run_cli("--ckpt", tmp_path / "ckpt.pt", env=env)  # the bundle is checked before the checkpoint
+    (tmp_path / "ckpt.pt").write_bytes(b"")  # the checkpoint is only checked to exist before the bundle, not read
+    r = run_cli("--ckpt", tmp_path / "ckpt.pt", env=env)  # the bundle is checked before the checkpoint is loaded
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("eval.py: error:")
     assert "--bundle" in lines[0] and "unreachable" in lines[0] and "Traceback" not in r.stderr
@@ -495,12 +496,18 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path):
     assert {k: v["accuracy"] for k, v in res["tasks"].items()} == {k: v["accuracy"] for k, v in out["tasks"].items()}
     with pytest.raises(SystemExit, match=r"^eval.py: error: unknown task\(s\) nope; the tasks are jeopardy, "):
         ev.main(["--ckpt", str(ckpt), "--bundle", bundle, "--tasks", "copa,nope"])
-    (tmp_path / "run" / "core_eval.json").unlink()
-    (tmp_path / "run" / "core_eval.json").mkdir()  # the results cannot be written: refused before evaluating
+    full = (tmp_path / "run" / "core_eval.json").read_text()
+    r = run_cli("--ckpt", ckpt, "--bundle", bundle, "--tasks", "copa", "--max_per_task", 2)  # a quick check
+    assert r.returncode == 0 and (tmp_path / "run" / "core_eval.json").read_text() == full  # the full result stays
+    assert list(json.loads((tmp_path / "run" / "core_eval_partial.json").read_text())["tasks"]) == ["copa"]
+    (tmp_path / "run" / "core_eval_partial.json").unlink()
+    (tmp_path / "run" / "core_eval_partial.json").mkdir()  # the results cannot be written: refused before evaluating
     r = run_cli("--ckpt", ckpt, "--bundle", bundle, "--tasks", "copa")
-    assert r.returncode == 2 and f"cannot write the results to {tmp_path / 'run' / 'core_eval.json'}" in r.stderr
+    assert r.returncode == 2 and f"cannot write the results to {tmp_path / 'run' / 'core_eval_partial.json'}" in r.stderr
     assert "CORE" not in r.stdout
-    (tmp_path / "run" / "core_eval.json").rmdir()
+    (tmp_path / "run" / "core_eval_partial.json").rmdir()
+    r = run_cli("--ckpt", tmp_path / "typo.pt", "--bundle", tmp_path / "nowhere")  # the checkpoint is checked first
+    assert r.returncode == 1 and r.stderr.strip() == f"eval.py: error: no checkpoint at {tmp_path / 'typo.pt'}; `python train.py` writes one"
     r = run_cli("--ckpt", ckpt, "--bundle", bundle, "--max_per_task", 0)
     assert r.returncode == 2 and "--max_per_task must be at least 1, got 0" in r.stderr
 
@@ -511,5 +518,5 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path):
         ev.main(["--ckpt", str(moved), "--bundle", bundle, "--tasks", "copa"])
     assert e.value.code == f"eval.py: error: {moved} was trained on the data in {tmp_path / 'gone'}, which is not here; pass --data_dir"
     ev.main(["--ckpt", str(moved), "--bundle", bundle, "--tasks", "copa", "--data_dir", str(data_dir), "--batch_size", "8"])
-    moved_out = json.loads((tmp_path / "moved" / "core_eval.json").read_text())
+    moved_out = json.loads((tmp_path / "moved" / "core_eval_partial.json").read_text())
     assert moved_out["tasks"]["copa"]["accuracy"] == out["tasks"]["copa"]["accuracy"]
