@@ -84,6 +84,13 @@ def load_meta(data_dir):
     if meta.get("format") != FORMAT:
         raise DataError(f"{path} has format {meta.get('format')}, this code reads {FORMAT}; "
                         f"re-run prepare_data.py with --force")
+    for key, kind in (("vocab_size", int), ("bos_id", int), ("dtype", str), ("tokenizer_file", str),
+                      ("token_bytes", str), ("train_shards", list), ("val_shards", list)):
+        if not isinstance(meta.get(key), kind) or (kind is list and not meta[key]):
+            raise DataError(f"{path} has no {key} (or not a {'non-empty ' if kind is list else ''}{kind.__name__}); "
+                            f"re-run prepare_data.py with --force")
+    if meta["dtype"] not in ("uint16", "uint32"):
+        raise DataError(f"{path} has dtype {meta['dtype']!r}, not uint16 or uint32; re-run prepare_data.py with --force")
     return meta
 
 

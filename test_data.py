@@ -437,6 +437,12 @@ def test_more_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
     (out / "meta.json").write_text("[]")
     with pytest.raises(pd.DataError, match="is not a prepare_data.py meta file"):
         pd.load_meta(out)
+    for key, value, expected in (("vocab_size", None, "has no vocab_size"), ("train_shards", [], "has no train_shards"),
+                                 ("dtype", "float99", "has dtype 'float99'")):
+        edited = dict(meta, **{key: value})
+        (out / "meta.json").write_text(json.dumps(edited))
+        with pytest.raises(pd.DataError, match=expected):
+            pd.load_tokens(out, "train")
     # counts that are not finite
     for flag in ("--vocab_size", "--train_tokens"):
         with pytest.raises(SystemExit) as e:

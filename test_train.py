@@ -58,10 +58,16 @@ def test_dry_run_plans_the_papers_135m_budget_fast(capsys):
     assert "759,693,312 FLOPs/token" in out
     assert "-> 3,766 iterations" in out and "1.97B" in out and "tokens:params 17.9" in out
     assert time.time() - t < 5  # a meta-device model: nothing allocated, no data read
-    train.main(["--size=paper_135m", "--variant=bov", "--dry_run"])
+    train.main(["--size=paper_135m", "--variant=bov", "--dry_run", "--data_dir=/nonexistent"])
     # BoV's lower FLOPs/token (745,537,536) buy more steps for the same 1.5e18 FLOPs
     out = capsys.readouterr().out
     assert f"-> {round(1.5e18 / (745_537_536 * 524_288)):,} iterations" in out and "3,838" in out
+
+
+def test_dry_run_takes_the_vocabulary_the_real_run_would(data_dir, capsys):
+    """The cpu size's vocabulary is the prepared data's (300 here), in the dry run as in the real run."""
+    train.main([*TINY, f"--data_dir={data_dir}", "--max_iters=2", "--dry_run"])
+    assert '"vocab_size": 300' in capsys.readouterr().out
 
 
 def test_budget_arithmetic():
@@ -268,6 +274,11 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
         f.write(" ")
     assert f"was trained on the data in {data_dir}, this run reads {other}" in error(
         [*base[:-1], "--resume", f"--data_dir={other}", "--max_iters=2"])
+    rebuilt = torch.load(ckpt, weights_only=True)  # the same folder, prepared again with another tokenizer
+    rebuilt["tokenizer_sha256"] = "0" * 64
+    torch.save(rebuilt, ckpt)
+    assert f"the tokenizer in {data_dir} is not the one {ckpt} was trained with" in error(
+        [*base[:-1], "--resume", "--max_iters=2"])
 
 
 def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path):

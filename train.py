@@ -3,7 +3,7 @@ Train a GPT, standard or Bank of Values, on a FLOP budget as the paper does (its
 
     python train.py                                       # size "cpu", BoV, offline Shakespeare, a few minutes on 2 cores
     python train.py --variant=baseline                    # the same budget in FLOPs for standard attention
-    python train.py --size=paper_135m --variant=baseline --target_flops=1.5e18 --dry_run   # print the plan only
+    python train.py config/paper_135m.py --variant=baseline --dry_run   # print the plan only
     python train.py config/paper_135m.py --variant=bov    # a config file, then --key=value overrides
     torchrun --standalone --nproc_per_node=8 train.py config/paper_135m.py
 
@@ -66,7 +66,7 @@ device = "auto"              # auto | cpu | cuda | cuda:1 | mps
 dtype = "auto"               # auto (bf16 autocast on CUDA, fp32 elsewhere) | float32 | bfloat16
 compile = "auto"             # torch.compile the training model (auto: on CUDA)
 resume = False               # continue the run in out_dir from its checkpoint
-dry_run = False              # print the plan and exit (no model allocated, no data read)
+dry_run = False              # print the plan and exit (no model allocated; of the data, only meta.json for the vocabulary)
 
 # Each size's recipe. paper_780m: the 135M rates x sqrt(2) for the doubled batch (nanochat's rule); with the
 # (1536/768)^-0.5 width scaling of the AdamW rates this gives Table 6's 0.0283 / 0.30 / 0.008 / 0.707 and 0.15.
@@ -404,8 +404,11 @@ def load_resume(path, s, model_config, tok_sha):
         raise ConfigError(f"--resume: {path} is a different model ({diff}); use the same settings or another --out_dir")
     there = ckpt.get("data_dir", ckpt["train_config"].get("data_dir", ""))
     same = os.path.realpath(s["data_dir"]) == os.path.realpath(there) or s["data_dir"] == ckpt["train_config"].get("data_dir")
-    if not same or ckpt.get("tokenizer_sha256") not in (None, tok_sha):  # a moved project still resumes
+    if not same:  # a moved project still resumes
         raise ConfigError(f"--resume: {path} was trained on the data in {there}, this run reads {s['data_dir']}; use the same data")
+    if ckpt.get("tokenizer_sha256") not in (None, tok_sha):
+        raise ConfigError(f"--resume: the tokenizer in {s['data_dir']} is not the one {path} was trained with (the data "
+                          f"was prepared again); resume needs the same data")
     must_match = ("seed", "total_batch_tokens", "target_flops", "target_tokens", "max_iters", "matrix_lr",
                   "embedding_lr", "unembedding_lr", "scalar_lr", "table_lr", "weight_decay", "warmup_iters",
                   "warmdown_frac", "final_lr_frac")
@@ -461,6 +464,8 @@ def main(argv):
     if not s["dry_run"]:  # the model's vocabulary is the data's unless given
         meta = load_meta(s["data_dir"])
         model_overrides.setdefault("vocab_size", meta["vocab_size"])
+    elif os.path.exists(os.path.join(s["data_dir"], "meta.json")):  # the dry run too, when the data is there
+        model_overrides.setdefault("vocab_size", load_meta(s["data_dir"])["vocab_size"])
     try:
         model_config = GPTConfig.preset(s["size"], s["variant"], **model_overrides)
     except ValueError as e:
@@ -510,7 +515,7 @@ def main(argv):
     tok_sha = tokenizer_sha256(s["data_dir"])  # recorded in the checkpoint: sample.py and eval.py check it
     epoch_tokens = loader.rows_per_epoch() * T
     log(f"data: {s['data_dir']}: {meta['train_tokens']:,} train tokens, {loader.rows_per_epoch():,} rows of {T + 1} per epoch;"
-        f" validation slice {val.size:,} tokens")
+        f" validation slice {len(val) * T + 1:,} tokens")  # rows overlap by one token
     if tokens > epoch_tokens:
         log(f"WARNING: this run reads {tokens / epoch_tokens:.2f} epochs of {s['data_dir']}; the paper's regime is a single epoch "
             f"and BoV's tables memorise repeated data (gamma_v grows). Lower the budget or prepare more data.")
