@@ -520,3 +520,14 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path):
     ev.main(["--ckpt", str(moved), "--bundle", bundle, "--tasks", "copa", "--data_dir", str(data_dir), "--batch_size", "8"])
     moved_out = json.loads((tmp_path / "moved" / "core_eval_partial.json").read_text())
     assert moved_out["tasks"]["copa"]["accuracy"] == out["tasks"]["copa"]["accuracy"]
+
+    # train.py --core_eval saves what it prints, as eval.py would for its checkpoint
+    run = tmp_path / "trained"
+    r = subprocess.run([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={run}", "--n_layer=2", "--n_embd=32",
+                        "--n_head=2", "--block_size=64", "--device_batch_size=4", "--total_batch_tokens=256", "--max_iters=2",
+                        "--eval_tokens=128", "--device=cpu", "--core_eval", f"--eval_bundle={bundle}"],
+                       cwd=HERE, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    saved = json.loads((run / "core_eval.json").read_text())
+    assert f"CORE {saved['core']:.4f}; wrote {run / 'core_eval.json'}" in r.stdout
+    assert list(saved["tasks"]) == list(ev.TASKS) and saved["ckpt"] == str(run / "ckpt.pt")

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from model import GPT, GPTConfig, SIZES, VARIANTS
 from sample import check_device
 from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokens,
-                          out_dir_problem, tokenizer_sha256)
+                          out_dir_problem, tokenizer_sha256, write_json)
 
 # -----------------------------------------------------------------------------
 # Defaults. Learning rates are the peak rates of the paper's 135M run (Table 6); configure_optimizers
@@ -656,7 +656,10 @@ def main(argv):
             from eval import evaluate_core
             from prepare_data import load_tokenizer
             result = evaluate_core(model, load_tokenizer(s["data_dir"]), core_bundle, device=dev)
-            log(f"CORE {result['core']:.4f}")
+            result["ckpt"] = os.path.abspath(ckpt_path)
+            core_path = os.path.join(s["out_dir"], "core_eval.json")  # what eval.py writes for the same checkpoint
+            write_json(core_path, result)
+            log(f"CORE {result['core']:.4f}; wrote {core_path}")
     if ddp:
         del train_model  # the DDP wrapper first, then every rank leaves together
         dist.barrier()
