@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import GPT
-from prepare_data import DataError, reachable, write_json
+from prepare_data import DataError, not_utf8, reachable, write_json
 from sample import check_device, checkpoint_tokenizer
 
 EVAL_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
@@ -221,7 +221,7 @@ def load_task(bundle, label):
     except OSError as e:
         raise EvalError(f"cannot read task {label}: {e}") from None
     except UnicodeDecodeError as e:
-        raise EvalError(f"{path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
+        raise EvalError(not_utf8(path, e)) from None
     if not items:
         raise EvalError(f"{path} holds no items")
     return items

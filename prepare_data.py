@@ -236,9 +236,9 @@ def _clean_play(text):
     return re.sub(r"\\([!-/:-@[-`{-~])", r"\1", text)  # a backslash before ASCII punctuation
 
 
-def _bad_utf8_offset(path):
-    """Byte offset, in the whole file, of the first byte that is not UTF-8 (a text reader's error
-    gives it within its buffer)."""
+def not_utf8(path, err):
+    """The one-line message for a UnicodeDecodeError while reading path as text (also used by eval.py):
+    the bad byte and its offset in the whole file (the error gives it within the reader's buffer)."""
     dec, pos = codecs.getincrementaldecoder("utf-8")(), 0
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -246,9 +246,12 @@ def _bad_utf8_offset(path):
             try:
                 dec.decode(chunk)
             except UnicodeDecodeError as e:
-                return pos - pending + e.start
+                pos = pos - pending + e.start
+                break
             pos += len(chunk)
-    return pos - len(dec.getstate()[0])  # the file ends inside a character
+        else:
+            pos -= len(dec.getstate()[0])  # the file ends inside a character
+    return f"{path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset {pos})"
 
 
 def shakespeare_plays():
@@ -323,7 +326,7 @@ class Source:
             try:
                 yield from self._texts_of(path)
             except UnicodeDecodeError as e:
-                raise DataError(f"{path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {_bad_utf8_offset(path)})") from None
+                raise DataError(not_utf8(path, e)) from None
             except OSError as e:
                 raise DataError(f"cannot read {path}: {e.strerror or e}") from None
 
@@ -646,14 +649,13 @@ def load_state(out_dir, config, force):
             state = json.load(f)
     except (OSError, ValueError) as e:
         raise DataError(f"{path} is unreadable ({e}); pass --force to rebuild {out_dir}")
-    if not isinstance(state, dict) or not {"format", "config", "val_shards", "train_shards"} <= set(state):
+    if not isinstance(state, dict) or not {"format", "config", "val_shards", "train_shards"} <= set(state) \
+            or not isinstance(state["config"], dict):
         raise DataError(f"{path} is not a prepare_data.py state file; pass --force to rebuild {out_dir}")
     if state.get("format") != FORMAT:
         raise DataError(f"{out_dir} was prepared in format {state.get('format')}, this code writes {FORMAT}; "
                         f"pass --force to rebuild it")
     old = state["config"]
-    if not isinstance(old, dict):
-        raise DataError(f"{path} is not a prepare_data.py state file; pass --force to rebuild {out_dir}")
     if old != config:
         diff = next(k for k in list(config) + sorted(set(old) - set(config)) if old.get(k) != config.get(k))
         raise DataError(f"{out_dir} holds data prepared with other arguments ({diff}: {old.get(diff)!r}, "

@@ -76,8 +76,7 @@ def read_prompt(start):
 
 def encode_prompt(tokenizer, text, block_size):
     """<|bos|> + the tokens of text; longer than block_size -> <|bos|> + the last block_size - 1 tokens
-    of text, and a warning (every training window the model saw long text in started mid-document, but
-    generation always starts from <|bos|>, so the prompt keeps it)."""
+    of text, and a warning (every prompt starts with <|bos|>, as every training document does)."""
     ids = [tokenizer.bos_id] + tokenizer.encode(text)
     if len(ids) > block_size:
         print(f"sample.py: warning: the prompt has {len(ids)} tokens (with <|bos|>), more than the model's "

@@ -358,6 +358,11 @@ def test_bad_tasks_bundles_and_items_are_one_line_errors(tmp_path):
     path.write_bytes('{"query": "café", "choices": ["a"], "gold": 0}\n'.encode("latin-1"))
     with pytest.raises(ev.EvalError, match=f"^{path} is not UTF-8 text"):
         ev.evaluate_core(model, tok, bundle, tasks=["copa"])
+    good = (json.dumps(fixture_items("copa", 1)[0]) + "\n").encode()
+    path.write_bytes(good * 2000 + b"\xff\n")  # past the reader's first buffer: the offset is the file's
+    with pytest.raises(ev.EvalError) as e:
+        ev.evaluate_core(model, tok, bundle, tasks=["copa"])
+    assert str(e.value) == f"{path} is not UTF-8 text (byte 0xff at offset {2000 * len(good)})"
     # a bad file of a later task is found before any task is scored
     write_bundle(tmp_path, {"copa": fixture_items("copa", 3), "boolq": fixture_items("boolq", 3)})
     boolq = tmp_path / "eval_bundle" / "eval_data" / ev.TASKS["boolq"].path

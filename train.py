@@ -8,8 +8,8 @@ Train a GPT, standard or Bank of Values, on a FLOP budget as the paper does (its
     torchrun --standalone --nproc_per_node=8 train.py config/paper_135m.py
 
 Settings resolve in this order: the defaults below, the size's recipe (SIZE_DEFAULTS), then config
-files (Python assignments) and --key=value in the order given, a later one winning. Any GPTConfig field (n_layer, bov_layers, ...)
-is a key too. The resolved settings are printed and saved in the checkpoint.
+files (Python assignments) and --key=value in the order given, a later one winning. Any GPTConfig
+field (n_layer, bov_layers, ...) is a key too. The resolved settings are printed and saved in the checkpoint.
 """
 
 import bisect
@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 
 from model import GPT, GPTConfig, SIZES, VARIANTS
-from sample import check_device
 from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokens,
                           out_dir_problem, tokenizer_sha256, write_json)
+from sample import check_device
 
 # -----------------------------------------------------------------------------
 # Defaults. Learning rates are the peak rates of the paper's 135M run (Table 6); configure_optimizers
@@ -133,7 +133,8 @@ def _check_type(key, value, like, where):
 
 
 def resolve_settings(argv):
-    """Defaults, then the size's recipe, then a config file, then --key=value. Returns (train dict, model overrides)."""
+    """Defaults, then the size's recipe, then config files and --key=value in the order given (a later one
+    winning). Returns (train dict, model overrides)."""
     defaults = {k: globals()[k] for k in TRAIN_KEYS}
     model_defaults = {f.name: f.default for f in fields(GPTConfig)}
     given, budgets = {}, ("target_flops", "target_tokens", "max_iters")
