@@ -9,9 +9,11 @@ Each task is a file of items in the DCLM eval bundle. A prompt is a few solved e
 same task (drawn with a seed from the task's other items), each followed by a blank line, then
 the item itself; the tokens always start with bos and, past the model's block_size, are cropped
 from the left. Three kinds of task, three ways to score:
-    multiple choice   {"query", "choices", "gold"}: the choice whose tokens have the lowest mean loss
+    multiple choice   {"query", "choices", "gold"}: the choice with the lowest loss per byte, the
+                      summed loss of its tokens over the UTF-8 bytes they decode to
     schema            {"context_options", "continuation", "gold"}: the context under which the
-                      shared continuation has the lowest mean loss
+                      shared continuation has the lowest loss per byte (its bytes are the same
+                      under every context, so: the lowest summed loss)
     language modeling {"context", "continuation"}: right when the greedy (argmax) prediction
                       equals every token of the continuation
 Centered accuracy is (acc - r) / (1 - r), with r the task's random baseline from the bundle;
@@ -290,7 +292,7 @@ def encode(task, prompts, tokenizer, max_len):
 
 @torch.no_grad()
 def score(model, rows, batch_size, device, pad_id, bar=None):
-    """For rows [(tokens, start, end)]: the mean loss of tokens[start:end] given what precedes
+    """For rows [(tokens, start, end)]: the summed loss of tokens[start:end] given what precedes
     them, and whether the argmax prediction equals all of them. Batches rows of similar length,
     padded on the right (a causal model never sees the padding)."""
     losses, right = [0.0] * len(rows), [False] * len(rows)
@@ -311,10 +313,10 @@ def score(model, rows, batch_size, device, pad_id, bar=None):
         logits = logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32, fp64 stays
         targets = idx[:, 1:]
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none").view_as(targets)
-        mean = (loss * scored).sum(1) / scored.sum(1)
+        summed = (loss * scored).sum(1)
         ok = ((logits.argmax(-1) == targets) | ~scored).all(1)
         for j, r in enumerate(chunk):
-            losses[r], right[r] = mean[j].item(), bool(ok[j])
+            losses[r], right[r] = summed[j].item(), bool(ok[j])
         if bar is not None:
             bar.update(len(chunk))
     return losses, right
@@ -340,9 +342,18 @@ def evaluate_task(model, tokenizer, label, data, n=None, device="cpu", batch_siz
         a, b = first[i], first[i + 1]
         if task.kind == "lm":
             correct += right[a]
-        else:  # the option with the lowest mean loss, the first one on a tie
-            correct += min(range(a, b), key=lambda r: losses[r]) - a == data[i]["gold"]
+        else:  # the option with the lowest loss per byte, the first one on a tie
+            correct += min(range(a, b), key=lambda r: per_byte(losses[r], rows[r], tokenizer)) - a == data[i]["gold"]
     return correct / n
+
+
+def per_byte(loss, row, tokenizer):
+    """Summed loss over the UTF-8 bytes of the scored tokens (at least 1), as the paper's code
+    (RiddleHe/nanochat, research/bank_of_values, nanochat/core_eval.py) ranks multiple-choice and
+    schema options: lm-eval-harness's acc_norm. Upstream nanochat ranks by mean loss per token,
+    which favours options split into more, easier tokens."""
+    tokens, start, end = row
+    return loss / max(1, len(tokenizer.decode(tokens[start:end]).encode("utf-8")))
 
 
 def check_tasks(tasks):

@@ -30,12 +30,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # ---------------------------------------------------------------------------- fakes
 
 class CharTokenizer:
-    """One token per ASCII character; bos is id 0 (NUL, never in the text)."""
+    """One token per ASCII character, and id 1 for the 3-byte euro sign (a token of several bytes);
+    bos is id 0 (NUL, never in the text)."""
     bos_id, vocab_size = 0, 128
 
     def encode(self, text):
+        text = text.replace("\u20ac", "\x01")
         assert all(0 < ord(c) < 128 for c in text), text
         return [ord(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(int(i)) for i in ids).replace("\x01", "\u20ac")
 
 
 class RuleModel(torch.nn.Module):
@@ -70,9 +75,9 @@ BAD = GOOD + 10                            # loss of any other
 # Every item carries "_right": whether RuleModel must get it right. eval.py ignores extra fields.
 
 def mc_item(i, n_choices, winner, right):
-    """The winner "abcdefgz" has 7 expected tokens and one wrong: mean loss ~1.26, sum ~10.05.
-    Every other choice starts with a wrong token: mean ~10, and "z" has a smaller *sum* (~10.01)
-    than the winner, so a sum-of-losses scorer gets every item backwards."""
+    """The winner "abcdefgz" has 7 expected tokens and one wrong: ~1.26 per byte (and per token),
+    sum ~10.05. Every other choice starts with a wrong token: ~10 per byte, and "z" has a smaller
+    *sum* (~10.01) than the winner, so a scorer of plain sums gets every item backwards."""
     losers = ["z", "mz", "qq", "zz"][:n_choices - 1]
     choices = losers[:winner] + ["abcdefgz"] + losers[winner:]
     gold = winner if right else (winner + 1) % n_choices
@@ -147,13 +152,19 @@ def test_each_kind_scores_exactly_what_the_model_predicts(tmp_path, label):
     assert res["tasks"][label]["items"] == 40 and res["tasks"][label]["shots"] == ev.TASKS[label].shots
 
 
-def test_multiple_choice_uses_the_mean_loss_not_the_sum():
-    task = ev.TASKS["copa"]
-    rows = ev.encode(task, ev.render(task, mc_item(0, 2, 0, True), []), CharTokenizer(), 4096)
+def test_multiple_choice_ranks_by_loss_per_byte_not_per_token_or_summed():
+    """As the paper's code does (lm-eval-harness's acc_norm). "az" has one wrong token of two: summed
+    loss ~10, 2 bytes, 2 tokens. "\u20ac\u20ac" has two wrong tokens: ~20, but 6 bytes. Per byte
+    the euros win (3.3 < 5); per token (10 > 5) or summed (20 > 10) they would lose."""
+    task, tok = ev.TASKS["copa"], CharTokenizer()
+    item = {"query": "question 0", "choices": ["az", "\u20ac\u20ac"], "gold": 1}
+    rows = ev.encode(task, ev.render(task, item, []), tok, 4096)
     losses, _ = ev.score(RuleModel(), rows, 2, "cpu", 0)
-    assert losses[0] == pytest.approx((7 * GOOD + BAD) / 8) and losses[1] == pytest.approx(BAD)
-    sums = [loss * (e - s) for loss, (_, s, e) in zip(losses, rows)]
-    assert sums[1] < sums[0]  # by the sum the wrong choice would win
+    assert losses == pytest.approx([GOOD + BAD, 2 * BAD])
+    assert [e - s for _, s, e in rows] == [2, 2]
+    assert [ev.per_byte(loss, row, tok) for loss, row in zip(losses, rows)] == pytest.approx([(GOOD + BAD) / 2, 2 * BAD / 6])
+    assert ev.evaluate_task(RuleModel(), tok, "copa", [item]) == 1.0
+    assert ev.evaluate_task(RuleModel(), tok, "copa", [dict(item, gold=0)]) == 0.0
 
 
 def test_scored_spans_of_each_kind():
@@ -212,7 +223,7 @@ def tiny_gpt(vocab_size, block_size, seed=0):
 
 
 def test_batched_scores_equal_one_sequence_at_a_time():
-    """Padding, sorting by length and masking change nothing: each row's mean loss and greedy
+    """Padding, sorting by length and masking change nothing: each row's summed loss and greedy
     match equal those of an unpadded forward pass with the model's own per-token losses."""
     model, tok = tiny_gpt(128, 64), CharTokenizer()
     rows = []
@@ -231,7 +242,7 @@ def test_batched_scores_equal_one_sequence_at_a_time():
         targets = torch.full_like(idx, -1)
         targets[0, s - 1:e - 1] = idx[0, s:e]
         logits, per_token = model(idx, targets, reduction="none")
-        assert loss == pytest.approx(per_token.sum().item() / (e - s), rel=1e-5)
+        assert loss == pytest.approx(per_token.sum().item(), rel=1e-5)
         assert ok == torch.equal(logits[0, s - 1:e - 1].argmax(-1), idx[0, s:e])
     assert right[-2:] == [True, True] and not all(right)
 
