@@ -302,6 +302,7 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path):
                            ("--device=meta", "--device=meta holds no data"),
                            ("--max_iters=2.5e0", "--max_iters: expected a whole number, got '2.5e0'"),
                            ("--seed=4294967296", "--seed must be below 2^32"),
+                           ("--n_layer", "--n_layer needs a value: --n_layer=VALUE"),   # not "--n_layer 3" 
                            ("--device=xla", "--device xla is not usable here: this torch build has no xla backend")):
         assert expected in error([*base, flag]), flag
     assert "--max_iters must be positive, got 0" in error([*TINY, f"--data_dir={data_dir}", "--max_iters=0"])
@@ -325,6 +326,13 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path):
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
         f"error: --bundle: no folder {tmp_path / 'nowhere'}; expected an unzipped eval_bundle (eval_meta_data.csv and eval_data/)"]
     assert "step 1/" not in r.stdout and not (tmp_path / "run" / "ckpt.pt").exists()
+    # a batch no machine holds (2^40 rows: more than any address space, so no overcommit lets it through)
+    r = run_train([*base, f"--out_dir={tmp_path / 'huge'}", "--device_batch_size=1099511627776",
+                   "--total_batch_tokens=35184372088832", "--max_iters=1"])
+    assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith("error: out of memory (") and "lower --device_batch_size" in r.stderr
+    assert train.out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not train.out_of_memory(RuntimeError("shape mismatch"))
 
 
 def test_help_and_ctrl_c_are_not_tracebacks(data_dir, tmp_path):

@@ -157,6 +157,8 @@ def resolve_settings(argv):
         if key not in defaults and key not in model_defaults:
             raise ConfigError(f"unknown setting --{key}; settings are: {', '.join(TRAIN_KEYS + MODEL_KEYS)}")
         like = defaults.get(key, model_defaults.get(key))
+        if "=" not in arg and not isinstance(like, bool) and key != "compile":
+            raise ConfigError(f"--{key} needs a value: --{key}=VALUE (only true/false settings may stand alone)")
         try:
             given[key] = _parse_value(key, text if "=" in arg else "true", like)
         except (ValueError, OverflowError) as e:
@@ -668,6 +670,12 @@ def main(argv):
     return final
 
 
+def out_of_memory(e):
+    """Whether e is an allocation that failed: numpy's or torch's, on the host or the GPU."""
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
+
+
 def usage():
     """--help: the docstring, then every setting with its default."""
     keys = "\n".join(f"  --{k}={globals()[k]!r}" for k in TRAIN_KEYS)
@@ -688,6 +696,10 @@ if __name__ == "__main__":
         sys.exit(130)
     except Exception as e:
         from eval import EvalError
+        if out_of_memory(e):
+            print(f"error: out of memory ({str(e).strip().splitlines()[0][:200]}); lower --device_batch_size (the "
+                  "accumulation steps keep --total_batch_tokens) or the model size", file=sys.stderr)
+            sys.exit(1)
         if not isinstance(e, (ConfigError, DataError, EvalError, OSError)):
             raise
         print(f"error: {e}", file=sys.stderr)
