@@ -41,11 +41,15 @@ import argparse
 import json
 import math
 import os
+import signal
 import statistics
 import sys
 import time
 import weakref
 from dataclasses import replace
+
+if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -697,4 +701,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
     main()

@@ -36,6 +36,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -43,6 +44,9 @@ import urllib.parse
 import urllib.request
 import zipfile
 from collections import namedtuple
+
+if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 import torch
 import torch.nn.functional as F
@@ -466,4 +470,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
     main()

@@ -20,8 +20,12 @@ import argparse
 import codecs
 import contextlib
 import os
+import signal
 import sys
 import time
+
+if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 import torch
 
@@ -250,4 +254,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
     main()

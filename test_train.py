@@ -360,6 +360,21 @@ def test_help_and_ctrl_c_are_not_tracebacks(data_dir, tmp_path):
     assert p.returncode == 130 and err.strip().splitlines() == [f"interrupted; {ckpt}, from the last evaluation, continues with --resume"]
 
 
+@pytest.mark.parametrize("script", ["train.py", "sample.py", "eval.py", "bench.py"])
+def test_ctrl_c_while_torch_loads_is_not_a_traceback(script):
+    """SIGINT once libtorch is mapped into the process, that is, inside `import torch`."""
+    p = subprocess.Popen([sys.executable, script], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while p.poll() is None and time.time() < deadline:
+        with open(f"/proc/{p.pid}/maps") as f:
+            if "libtorch" in f.read():
+                break
+        time.sleep(0.005)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "Traceback" not in err and out == "", err
+
+
 def test_a_nan_loss_stops_the_run_and_keeps_the_checkpoint(data_dir, tmp_path):
     out = str(tmp_path / "run")
     args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--eval_interval=2", "--max_iters=40"]

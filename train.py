@@ -17,10 +17,14 @@ import json
 import math
 import os
 import random
+import signal
 import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, fields
+
+if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 import numpy as np
 import torch
@@ -684,6 +688,7 @@ def usage():
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
         print(usage())
         sys.exit(0)
