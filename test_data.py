@@ -228,6 +228,25 @@ def test_interrupted_run_resumes(tmp_path, monkeypatch):
     assert {k: v[1] for k, v in clean.items()} == {k: v[1] for k, v in resumed.items()}  # same names, same bytes
 
 
+def test_many_tiny_shards_rewrite_progress_a_bounded_number_of_times(tmp_path, monkeypatch):
+    """One shard per document: progress.json (which lists every shard) is rewritten after each of the
+    first 100 shards, then each time the list grows by 1%, not after all 1,200 (quadratic bytes)."""
+    with open(tmp_path / "docs.jsonl", "w") as f:
+        for i in range(1200):
+            f.write(json.dumps({"text": f"document {i} says {i % 7} things."}) + "\n")
+    sizes, write_json = [], pd.write_json
+    monkeypatch.setattr(pd, "write_json", lambda path, obj: (
+        sizes.append(len(obj["train_shards"]) + len(obj["val_shards"])) if path.endswith("progress.json") else None,
+        write_json(path, obj))[1])
+    assert prep("--source", f"files:{tmp_path / 'docs.jsonl'}", "--out_dir", tmp_path / "out", "--vocab_size", 300,
+                "--val_tokens", 10, "--shard_tokens", 1) is None
+    meta = pd.load_meta(tmp_path / "out")
+    n = len(meta["train_shards"]) + len(meta["val_shards"])
+    assert n == 1200 and meta["train_docs"] + meta["val_docs"] == 1200
+    assert len(sizes) < 500 and sum(sizes) < 250_000  # every shard: 1,200 writes listing 720,000 shards in all
+    assert all(b - a <= max(1, b // 100) for a, b in zip(sizes, sizes[1:]))  # a resume redoes at most 1%
+
+
 def test_damaged_shard_is_detected_and_rebuilt(tmp_path):
     pattern, _ = write_corpus(tmp_path)
     args = ("--source", "files:" + pattern, "--out_dir", tmp_path / "d", *FILES_ARGS)
