@@ -215,6 +215,8 @@ def main(argv=None):
         ids = encode_prompt(tokenizer, read_prompt(args.start), model.config.block_size)
     except (SampleError, DataError, FileNotFoundError, ValueError) as e:
         sys.exit(f"sample.py: error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
+    except KeyboardInterrupt:  # while loading the checkpoint
+        sys.exit("sample.py: interrupted")
     cfg = model.config
     if args.offload_tables and not len(model.tables):
         print("sample.py: note: this model has no value tables; --offload_tables changes nothing", file=sys.stderr)

@@ -186,6 +186,15 @@ def test_missing_checkpoint_is_one_line_and_a_nonzero_exit(tmp_path):
     assert p.stdout == ""
 
 
+def test_ctrl_c_while_loading_is_one_line(tiny, monkeypatch):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(sample, "load", interrupted)
+    with pytest.raises(SystemExit) as e:
+        sample.main(["--ckpt", tiny[0]])
+    assert e.value.code == "sample.py: interrupted"
+
+
 def test_checkpoint_data_dir_not_here_says_pass_data_dir(tiny, tmp_path, capsys):
     """A checkpoint from elsewhere (its data folder missing here) is one line naming --data_dir;
     --data_dir then works."""
