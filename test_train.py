@@ -67,7 +67,16 @@ def test_dry_run_plans_the_papers_135m_budget_fast(capsys):
 def test_dry_run_takes_the_vocabulary_the_real_run_would(data_dir, capsys):
     """The cpu size's vocabulary is the prepared data's (300 here), in the dry run as in the real run."""
     train.main([*TINY, f"--data_dir={data_dir}", "--max_iters=2", "--dry_run"])
-    assert '"vocab_size": 300' in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert '"vocab_size": 300' in out and "WARNING" not in out
+
+
+def test_a_run_past_one_epoch_is_warned_of_in_the_dry_run_too(data_dir, capsys):
+    train_tokens = json.load(open(os.path.join(data_dir, "meta.json")))["train_tokens"]
+    iters = 3 * train_tokens // 128 + 1  # TINY's 128 tokens a step: just over 3 epochs
+    train.main([*TINY, f"--data_dir={data_dir}", f"--max_iters={iters}", "--dry_run"])
+    out = capsys.readouterr().out
+    assert f"WARNING: this run would read about {iters * 128 / train_tokens:.2f} epochs of {data_dir} ({train_tokens:,} train tokens)" in out
 
 
 def test_budget_arithmetic():

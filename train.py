@@ -88,6 +88,8 @@ MODEL_KEYS = [f.name for f in fields(GPTConfig)]
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 per GPU
 
 
+EPOCH_ADVICE = ("the paper's regime is a single epoch and BoV's tables memorise repeated data (gamma_v grows). "
+                "Lower the budget or prepare more data.")
 RUN = {"ckpt": None}  # this process's checkpoint path, for the Ctrl-C message
 
 
@@ -472,7 +474,8 @@ def main(argv):
         meta = load_meta(s["data_dir"])
         model_overrides.setdefault("vocab_size", meta["vocab_size"])
     elif os.path.exists(os.path.join(s["data_dir"], "meta.json")):  # the dry run too, when the data is there
-        model_overrides.setdefault("vocab_size", load_meta(s["data_dir"])["vocab_size"])
+        meta = load_meta(s["data_dir"])
+        model_overrides.setdefault("vocab_size", meta["vocab_size"])
     try:
         model_config = GPTConfig.preset(s["size"], s["variant"], **model_overrides)
     except ValueError as e:
@@ -499,6 +502,9 @@ def main(argv):
         raise ConfigError(f"total_batch_tokens {s['total_batch_tokens']:,} is not a multiple of "
                           f"device_batch_size x block_size x ranks = {s['device_batch_size']} x {T} x {world}")
     if s["dry_run"]:
+        if meta is not None and tokens > meta["train_tokens"]:  # the real run counts rows (padding included)
+            log(f"WARNING: this run would read about {tokens / meta['train_tokens']:.2f} epochs of {s['data_dir']} "
+                f"({meta['train_tokens']:,} train tokens); {EPOCH_ADVICE}")
         return None
     dev, rank, world, ddp = setup_device(s)
     problem = out_dir_problem(s["out_dir"])
@@ -524,8 +530,7 @@ def main(argv):
     log(f"data: {s['data_dir']}: {meta['train_tokens']:,} train tokens, {loader.rows_per_epoch():,} rows of {T + 1} per epoch;"
         f" validation slice {len(val) * T + 1:,} tokens")  # rows overlap by one token
     if tokens > epoch_tokens:
-        log(f"WARNING: this run reads {tokens / epoch_tokens:.2f} epochs of {s['data_dir']}; the paper's regime is a single epoch "
-            f"and BoV's tables memorise repeated data (gamma_v grows). Lower the budget or prepare more data.")
+        log(f"WARNING: this run reads {tokens / epoch_tokens:.2f} epochs of {s['data_dir']}; {EPOCH_ADVICE}")
 
     # model and optimisers
     torch.manual_seed(s["seed"])
