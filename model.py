@@ -19,7 +19,12 @@ Run `python model.py` to list the presets with their parameters and FLOPs.
 """
 
 import math
+import os
+import signal
 from dataclasses import dataclass, field, fields
+
+if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 import torch
 import torch.nn as nn
@@ -811,10 +816,14 @@ def describe_presets(size):
 
 if __name__ == "__main__":
     import argparse
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
     ap = argparse.ArgumentParser(description="List the model presets (sizes x variants) with parameters and FLOPs/token.")
     ap.add_argument("--size", default="paper_135m", choices=list(SIZES))
     args = ap.parse_args()
-    print(f"sizes: {', '.join(SIZES)}")
-    print(f"variants: {', '.join(VARIANTS)}\n")
-    print(f"at size {args.size} ({', '.join(f'{k}={v}' for k, v in SIZES[args.size].items())}):")
-    print(describe_presets(args.size))
+    text = (f"sizes: {', '.join(SIZES)}\nvariants: {', '.join(VARIANTS)}\n\n"
+            f"at size {args.size} ({', '.join(f'{k}={v}' for k, v in SIZES[args.size].items())}):\n"
+            f"{describe_presets(args.size)}")
+    try:
+        print(text)
+    except BrokenPipeError:  # the reader left (`python model.py | head`): stop quietly, and not again at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)

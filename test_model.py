@@ -2,6 +2,9 @@
 
 import io
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -463,3 +466,14 @@ def test_checkpoint_round_trip(tmp_path):
     with pytest.raises(ValueError, match="size mismatch for wte.weight") as e:  # says which entry does not fit
         GPT.from_checkpoint(str(path))
     assert "\n" not in str(e.value)
+
+
+def test_the_preset_listing_and_a_reader_that_leaves():
+    """`python model.py` lists every variant; piped into a reader that has gone (`| head`), it stops quietly."""
+    cmd, here = [sys.executable, "model.py", "--size", "cpu"], os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run(cmd, cwd=here, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stderr == "" and all(f"\n{name} " in r.stdout for name in VARIANTS)
+    p = subprocess.Popen(cmd, cwd=here, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.close()  # the reader leaves before anything is written
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 0 and err == ""

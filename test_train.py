@@ -369,7 +369,7 @@ def test_help_and_ctrl_c_are_not_tracebacks(data_dir, tmp_path):
     assert p.returncode == 130 and err.strip().splitlines() == [f"interrupted; {ckpt}, from the last evaluation, continues with --resume"]
 
 
-@pytest.mark.parametrize("script", ["train.py", "sample.py", "eval.py", "bench.py"])
+@pytest.mark.parametrize("script", ["train.py", "sample.py", "eval.py", "bench.py", "model.py"])
 def test_ctrl_c_while_torch_loads_is_not_a_traceback(script):
     """SIGINT once libtorch is mapped into the process, that is, inside `import torch`."""
     p = subprocess.Popen([sys.executable, script], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
