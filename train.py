@@ -70,7 +70,7 @@ device = "auto"              # auto | cpu | cuda | cuda:1 | mps
 dtype = "auto"               # auto (bf16 autocast on CUDA, fp32 elsewhere) | float32 | bfloat16
 compile = "auto"             # torch.compile the training model (auto: on CUDA)
 resume = False               # continue the run in out_dir from its checkpoint
-dry_run = False              # print the plan and exit (no model allocated; of the data, only meta.json for the vocabulary)
+dry_run = False              # print the plan and exit (no model allocated; of the data, only meta.json: vocabulary, epochs)
 
 # Each size's recipe. paper_780m: the 135M rates x sqrt(2) for the doubled batch (nanochat's rule); with the
 # (1536/768)^-0.5 width scaling of the AdamW rates this gives Table 6's 0.0283 / 0.30 / 0.008 / 0.707 and 0.15.
@@ -470,12 +470,9 @@ def main(argv):
 
     # The plan needs only the model's shapes: a meta-device model, no data.
     meta = None
-    if not s["dry_run"]:  # the model's vocabulary is the data's unless given
+    if not s["dry_run"] or os.path.exists(os.path.join(s["data_dir"], "meta.json")):  # the dry run too, when the data is there
         meta = load_meta(s["data_dir"])
-        model_overrides.setdefault("vocab_size", meta["vocab_size"])
-    elif os.path.exists(os.path.join(s["data_dir"], "meta.json")):  # the dry run too, when the data is there
-        meta = load_meta(s["data_dir"])
-        model_overrides.setdefault("vocab_size", meta["vocab_size"])
+        model_overrides.setdefault("vocab_size", meta["vocab_size"])  # the model's vocabulary is the data's unless given
     try:
         model_config = GPTConfig.preset(s["size"], s["variant"], **model_overrides)
     except ValueError as e:
