@@ -235,9 +235,12 @@ def test_many_tiny_shards_rewrite_progress_a_bounded_number_of_times(tmp_path, m
         for i in range(1200):
             f.write(json.dumps({"text": f"document {i} says {i % 7} things."}) + "\n")
     sizes, write_json = [], pd.write_json
-    monkeypatch.setattr(pd, "write_json", lambda path, obj: (
-        sizes.append(len(obj["train_shards"]) + len(obj["val_shards"])) if path.endswith("progress.json") else None,
-        write_json(path, obj))[1])
+
+    def counting(path, obj):  # the shards each progress.json write lists
+        if path.endswith("progress.json"):
+            sizes.append(len(obj["train_shards"]) + len(obj["val_shards"]))
+        write_json(path, obj)
+    monkeypatch.setattr(pd, "write_json", counting)
     assert prep("--source", f"files:{tmp_path / 'docs.jsonl'}", "--out_dir", tmp_path / "out", "--vocab_size", 300,
                 "--val_tokens", 10, "--shard_tokens", 1) is None
     meta = pd.load_meta(tmp_path / "out")
