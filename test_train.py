@@ -369,6 +369,26 @@ def test_help_and_ctrl_c_are_not_tracebacks(data_dir, tmp_path):
     assert p.returncode == 130 and err.strip().splitlines() == [f"interrupted; {ckpt}, from the last evaluation, continues with --resume"]
 
 
+def test_a_closed_stdout_stops_the_run_in_one_line(data_dir, tmp_path):
+    """`python train.py | head`: the log reaches the reader line by line, and when the reader leaves the run
+    stops with one line saying what was kept, not a BrokenPipeError traceback."""
+    p = subprocess.Popen([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}",
+                          "--max_iters=100000", "--eval_interval=2"], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"})  # as in a user's shell
+    chunks = []
+    while b"\nstep 3/" not in b"".join(chunks):  # after the checkpoint of step 2
+        chunks.append(os.read(p.stdout.fileno(), 1 << 16))
+        assert chunks[-1], p.communicate()[1].decode()
+    # Flushed line by line: the first read wakes on the plan's lines, long before the first step is logged
+    # (in 8 KB blocks it would hold some 60 steps).
+    assert b"\nstep " not in chunks[0]
+    p.stdout.close()
+    _, err = p.communicate(timeout=60)
+    ckpt = tmp_path / "run" / "ckpt.pt"
+    assert p.returncode == 1, err
+    assert err.decode().strip().splitlines() == [f"stopped: the reader of stdout left; {ckpt}, from the last evaluation, continues with --resume"]
+
+
 @pytest.mark.parametrize("script", ["train.py", "sample.py", "eval.py", "bench.py", "model.py"])
 def test_ctrl_c_while_torch_loads_is_not_a_traceback(script):
     """SIGINT once libtorch is mapped into the process, that is, inside `import torch`."""

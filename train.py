@@ -694,13 +694,18 @@ if __name__ == "__main__":
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
         print(usage())
         sys.exit(0)
+    sys.stdout.reconfigure(line_buffering=True)  # `python train.py | tee log` shows each line as it is logged
+    kept = lambda: (f"{RUN['ckpt']}, from the last evaluation, continues with --resume" if RUN["ckpt"] and os.path.exists(RUN["ckpt"])
+                    else "no checkpoint was written yet (the first comes at step eval_interval)")
     try:
         main(sys.argv[1:])
     except KeyboardInterrupt:
-        kept = (f"{RUN['ckpt']}, from the last evaluation, continues with --resume" if RUN["ckpt"] and os.path.exists(RUN["ckpt"])
-                else "no checkpoint was written yet (the first comes at step eval_interval)")
-        print(f"interrupted; {kept}", file=sys.stderr)
+        print(f"interrupted; {kept()}", file=sys.stderr)
         sys.exit(130)
+    except BrokenPipeError:  # the reader of stdout left (`python train.py | head`): stop, like Ctrl-C, in one line
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
+        print(f"stopped: the reader of stdout left; {kept()}", file=sys.stderr)
+        sys.exit(1)
     except Exception as e:
         from eval import EvalError
         if out_of_memory(e):
