@@ -688,8 +688,11 @@ def prepare(config, out_dir, force=False):
     """Prepare out_dir for config (see resolve_config); returns the meta dict."""
     t_start = time.time()
     new_source = lambda: Source(config["source"], config["column"], config["hf_split"])  # fails fast when offline
-    source = new_source() if force else None  # --force deletes nothing before the new source is found
-    tok = gpt2_tokenizer_json() if force and config["tokenizer"] == "gpt2" else None  # ... nor the tokenizer
+    source = tok = None
+    if force:  # --force deletes nothing before the new source is found and its tokenizer made
+        source = new_source()
+        tok = gpt2_tokenizer_json() if config["tokenizer"] == "gpt2" else \
+            train_bpe_json(source, config["vocab_size"], config["tokenizer_chars"])
     state = load_state(out_dir, config, force)
     if state is not None and state["val_done"] and state["train_done"] and os.path.exists(os.path.join(out_dir, "meta.json")):
         print(f"{out_dir} is already prepared ({state['train_tokens']:,} train / {state['val_tokens']:,} val tokens); nothing to do")
@@ -706,7 +709,7 @@ def prepare(config, out_dir, force=False):
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
     if state is None:
-        if config["tokenizer"] == "bpe":
+        if tok is None and config["tokenizer"] == "bpe":
             tok = train_bpe_json(source, config["vocab_size"], config["tokenizer_chars"])
         token_bytes = np.array([len(base64.b64decode(b)) for b in tok["ranks"]] + [0], dtype=np.int32)
         atomic_write(os.path.join(out_dir, "token_bytes.npy"), lambda f: np.save(f, token_bytes))

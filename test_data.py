@@ -393,12 +393,16 @@ def test_bad_input_is_one_line(tmp_path):
 
 
 def test_force_deletes_nothing_when_the_new_source_is_bad(tmp_path):
-    """--force with a mistyped source leaves the prepared data as it was."""
+    """--force with a mistyped source, or a tokenizer that cannot be trained, leaves the prepared data as it was."""
     pattern, _ = write_corpus(tmp_path)
     out = tmp_path / "data"
     assert prep("--source", "files:" + pattern, "--vocab_size", 300, "--val_tokens", 500, "--out_dir", out) is None
     before = snapshot(out)
     assert "no files match" in prep("--source", "files:" + str(tmp_path / "typo*.txt"), "--force", "--out_dir", out)
+    assert snapshot(out) == before
+    # ... nor when its tokenizer cannot be made: a vocabulary the text cannot fill
+    assert "only supports" in prep("--source", "files:" + pattern, "--vocab_size", 200000, "--val_tokens", 500, "--force",
+                                   "--out_dir", out)
     assert snapshot(out) == before
     (out / "meta.json").write_text("[1]")  # valid JSON, not a state file
     assert "is not a prepare_data.py state file; pass --force" in prep("--source", "files:" + pattern, "--vocab_size", 300,
