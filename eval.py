@@ -404,7 +404,7 @@ def evaluate_core(model, tokenizer, bundle_dir=None, tasks=None, max_per_task=No
                                       items=min(len(data), max_per_task or len(data)),
                                       shots=TASKS[label].shots, kind=TASKS[label].kind)
                 bar.write(f"{label:<33} accuracy {acc:.4f}  centered {results[label]['centered']:+.4f}  "
-                          f"({results[label]['items']} items, {time.time() - t0:.1f}s)")
+                          f"({results[label]['items']} items, {time.time() - t0:.1f}s)", file=sys.stderr)  # progress
     finally:
         model.train(was_training)
     core = sum(v["centered"] for v in results.values()) / len(results)
@@ -461,12 +461,18 @@ def main(argv=None):
     except KeyboardInterrupt:
         sys.exit("eval.py: interrupted")
     result["ckpt"] = os.path.abspath(args.ckpt)
-    print(format_table(result))
-    try:
+    try:  # the file first: a closed or full stdout must not lose the evaluation
         write_json(out, result)
     except OSError as e:
+        print(format_table(result))
         sys.exit(f"eval.py: error: cannot write {out}: {e.strerror or e}")
-    print(f"wrote {out}")
+    try:
+        print(format_table(result))
+        print(f"wrote {out}", flush=True)
+    except (OSError, ValueError) as e:  # ValueError: stdout closed (`>&-`)
+        with contextlib.suppress(OSError, ValueError):  # no second error when Python flushes stdout at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(f"eval.py: could not print the table ({getattr(e, 'strerror', None) or e}); the results are in {out}")
 
 
 if __name__ == "__main__":

@@ -517,6 +517,13 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path):
     assert r.returncode == 0 and (tmp_path / "run" / "core_eval.json").read_text() == full  # the full result stays
     assert list(json.loads((tmp_path / "run" / "core_eval_partial.json").read_text())["tasks"]) == ["copa"]
     (tmp_path / "run" / "core_eval_partial.json").unlink()
+    with open("/dev/full", "w") as full_stdout:  # a full stdout loses nothing: the file is written first
+        r = subprocess.run([sys.executable, "eval.py", "--ckpt", str(ckpt), "--bundle", bundle, "--tasks", "copa",
+                            "--max_per_task", "2"], stdout=full_stdout, stderr=subprocess.PIPE, text=True, cwd=HERE, timeout=120)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == ("eval.py: could not print the table (No space left "
+                                                                       f"on device); the results are in {tmp_path / 'run' / 'core_eval_partial.json'}")
+    assert "Traceback" not in r.stderr and list(json.loads((tmp_path / "run" / "core_eval_partial.json").read_text())["tasks"]) == ["copa"]
+    (tmp_path / "run" / "core_eval_partial.json").unlink()
     (tmp_path / "run" / "core_eval_partial.json").mkdir()  # the results cannot be written: refused before evaluating
     r = run_cli("--ckpt", ckpt, "--bundle", bundle, "--tasks", "copa")
     assert r.returncode == 2 and f"cannot write the results to {tmp_path / 'run' / 'core_eval_partial.json'}" in r.stderr
