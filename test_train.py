@@ -1,6 +1,7 @@
 """Tests of train.py: budget arithmetic, the loader, bits per byte, exact resume, DDP, bad input."""
 
 import hashlib
+import io
 import json
 import math
 import os
@@ -272,6 +273,14 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     del damaged["model"]["wte.weight"]
     torch.save(damaged, ckpt)
     assert f"--resume: {ckpt} is damaged (RuntimeError" in error([*base, "--resume"])
+    good = torch.load(io.BytesIO(before), weights_only=True)  # other things torch can save, or edited entries
+    for saved, expected in [(5, "is not a train.py checkpoint (it holds 'int', not a dict)"),
+                            (torch.zeros(3), "is not a train.py checkpoint (it holds 'Tensor', not a dict)"),
+                            ({**good, "model_config": None}, "is damaged ('model_config' is a NoneType, not a dict)"),
+                            ({**good, "train_config": [1]}, "is damaged ('train_config' is a list, not a dict)"),
+                            ({**good, "metrics": [{"x": 1}]}, "is damaged (its metrics are not train.py's records)")]:
+        torch.save(saved, ckpt)
+        assert f"--resume: {ckpt} {expected}" == error([*base, "--resume"])
     # the data folder is compared as a folder: the same data by another path resumes, other data does not
     open(ckpt, "wb").write(before)
     link = tmp_path / "same_data"

@@ -404,9 +404,16 @@ def load_resume(path, s, model_config, tok_sha):
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise ConfigError(f"--resume: cannot read {path} ({type(e).__name__}); it is truncated or not a checkpoint")
-    for key in ("model", "model_config", "train_config", "optimizers", "step", "loader", "rng", "metrics"):
+    if not isinstance(ckpt, dict):
+        raise ConfigError(f"--resume: {path} is not a train.py checkpoint (it holds {type(ckpt).__name__!r}, not a dict)")
+    kinds = dict(model=dict, model_config=dict, train_config=dict, optimizers=list, step=int, loader=dict, rng=dict, metrics=list)
+    for key, kind in kinds.items():
         if key not in ckpt:
             raise ConfigError(f"--resume: {path} is not a train.py checkpoint (no {key!r})")
+        if not isinstance(ckpt[key], kind):
+            raise ConfigError(f"--resume: {path} is damaged ({key!r} is a {type(ckpt[key]).__name__}, not a {kind.__name__})")
+    if not all(isinstance(m, dict) and {"type", "step"} <= set(m) for m in ckpt["metrics"]):
+        raise ConfigError(f"--resume: {path} is damaged (its metrics are not train.py's records)")
     saved, now = ckpt["model_config"], asdict(model_config)
     if saved != now:
         diff = ", ".join(f"{k}={saved.get(k)!r} there, {now.get(k)!r} here" for k in now if saved.get(k) != now[k])
