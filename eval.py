@@ -180,7 +180,7 @@ def load_baselines(bundle):
     """{task label: random baseline as a fraction} from eval_meta_data.csv."""
     path = os.path.join(bundle, "eval_meta_data.csv")
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark is no column name
             baselines = {row["Eval Task"].strip(): float(row["Random baseline"]) / 100 for row in csv.DictReader(f)}
     except (OSError, KeyError, ValueError, TypeError) as e:
         raise EvalError(f"{path} is unreadable ({type(e).__name__}: {e}); it needs the columns "
@@ -369,15 +369,10 @@ def check_tasks(tasks):
     return tasks
 
 
-def evaluate_core(model, tokenizer, bundle_dir=None, tasks=None, max_per_task=None, device=None, batch_size=16):
-    """Evaluate model (called as model(idx) -> (logits, _), with model.config.block_size) on the
-    CORE tasks (all 21 by default) of the bundle (None: the cached or downloaded one).
-    max_per_task evaluates the first N items of each task after a fixed shuffle. Returns
-    {"core", "tasks": {label: {"accuracy", "centered", "random_baseline", "items", "shots", "kind"}},
-     "max_per_task", "bundle"}; core is the mean centered accuracy of the tasks evaluated."""
+def load_bundle(bundle_dir=None, tasks=None):
+    """(bundle folder, task labels, {label: random baseline}, {label: items}), every task file read and
+    checked: what evaluate_core needs, and what train.py --core_eval checks before it trains."""
     tasks = check_tasks(tasks)
-    if max_per_task is not None and max_per_task < 1:
-        raise EvalError(f"max_per_task must be at least 1, got {max_per_task}")
     bundle = get_bundle(bundle_dir)
     baselines = load_baselines(bundle)
     missing = [t for t in tasks if t not in baselines]
@@ -386,7 +381,18 @@ def evaluate_core(model, tokenizer, bundle_dir=None, tasks=None, max_per_task=No
     missing = [TASKS[t].path for t in tasks if not os.path.isfile(os.path.join(bundle, "eval_data", TASKS[t].path))]
     if missing:  # before hours of work, not after
         raise EvalError(f"{bundle}/eval_data lacks {', '.join(missing)}")
-    items = {label: load_task(bundle, label) for label in tasks}  # every file checked before any scoring
+    return bundle, tasks, baselines, {label: load_task(bundle, label) for label in tasks}
+
+
+def evaluate_core(model, tokenizer, bundle_dir=None, tasks=None, max_per_task=None, device=None, batch_size=16):
+    """Evaluate model (called as model(idx) -> (logits, _), with model.config.block_size) on the
+    CORE tasks (all 21 by default) of the bundle (None: the cached or downloaded one).
+    max_per_task evaluates the first N items of each task after a fixed shuffle. Returns
+    {"core", "tasks": {label: {"accuracy", "centered", "random_baseline", "items", "shots", "kind"}},
+     "max_per_task", "bundle"}; core is the mean centered accuracy of the tasks evaluated."""
+    if max_per_task is not None and max_per_task < 1:
+        raise EvalError(f"max_per_task must be at least 1, got {max_per_task}")
+    bundle, tasks, baselines, items = load_bundle(bundle_dir, tasks)
     if device is None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
     was_training = model.training

@@ -89,6 +89,11 @@ def load_meta(data_dir):
         if not isinstance(meta.get(key), kind) or (kind is list and not meta[key]):
             raise DataError(f"{path} has no {key} (or not a {'non-empty ' if kind is list else ''}{kind.__name__}); "
                             f"re-run prepare_data.py with --force")
+    for split in ("train", "val"):
+        if not all(isinstance(sh, dict) and isinstance(sh.get("file"), str) and isinstance(sh.get("tokens"), int)
+                   for sh in meta[split + "_shards"]):
+            raise DataError(f"{path} lists a {split} shard without a file name and token count; "
+                            f"re-run prepare_data.py with --force")
     if meta["dtype"] not in ("uint16", "uint32"):
         raise DataError(f"{path} has dtype {meta['dtype']!r}, not uint16 or uint32; re-run prepare_data.py with --force")
     return meta
@@ -120,7 +125,11 @@ def load_tokenizer(data_dir):
             tok = json.load(f)
     except (OSError, ValueError) as e:
         raise DataError(f"{path} is unreadable ({e}); re-run prepare_data.py with --force")
-    enc = _encoding_from_json(tok)
+    try:
+        enc = _encoding_from_json(tok)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # valid JSON, but not what prepare_data.py writes
+        raise DataError(f"{path} is not a prepare_data.py tokenizer ({type(e).__name__}: {e}); "
+                        f"re-run prepare_data.py with --force") from None
     if enc.n_vocab != meta["vocab_size"] or tok["bos_id"] != meta["bos_id"]:
         raise DataError(f"{path} does not match {data_dir}/meta.json; re-run prepare_data.py with --force")
     return Tokenizer(enc, tok["bos_id"])
@@ -667,7 +676,7 @@ def load_state(out_dir, config, force):
         with open(os.path.join(out_dir, "tokenizer.json")) as f:
             _encoding_from_json(json.load(f))
         np.load(os.path.join(out_dir, "token_bytes.npy"))
-    except (OSError, ValueError, KeyError, EOFError) as e:  # EOFError: an empty .npy
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError) as e:  # EOFError: an empty .npy
         print(f"{out_dir}: tokenizer files unreadable ({e or type(e).__name__}); starting over")
         _remove(out_dir, OUR_FILES + OUR_TEMPS)
         return None

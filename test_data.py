@@ -464,11 +464,21 @@ def test_more_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
     with pytest.raises(pd.DataError, match="is not a prepare_data.py meta file"):
         pd.load_meta(out)
     for key, value, expected in (("vocab_size", None, "has no vocab_size"), ("train_shards", [], "has no train_shards"),
-                                 ("dtype", "float99", "has dtype 'float99'")):
+                                 ("dtype", "float99", "has dtype 'float99'"),
+                                 ("train_shards", [5], "lists a train shard without a file name and token count"),
+                                 ("val_shards", [{"file": "val_00000.bin"}], "lists a val shard without a file name")):
         edited = dict(meta, **{key: value})
         (out / "meta.json").write_text(json.dumps(edited))
         with pytest.raises(pd.DataError, match=expected):
             pd.load_tokens(out, "train")
+    # a tokenizer file that is JSON but not a tokenizer: one line from the scripts that read it
+    (out / "meta.json").write_text(json.dumps(meta))
+    good_tok = (out / "tokenizer.json").read_text()
+    for text in ("{}", "[]", json.dumps({k: v for k, v in json.loads(good_tok).items() if k != "pattern"})):
+        (out / "tokenizer.json").write_text(text)
+        with pytest.raises(pd.DataError, match=r"tokenizer.json is not a prepare_data.py tokenizer \((KeyError|TypeError)"):
+            pd.load_tokenizer(out)
+    (out / "tokenizer.json").write_text(good_tok)
     # counts that are not finite
     for flag in ("--vocab_size", "--train_tokens"):
         with pytest.raises(SystemExit) as e:

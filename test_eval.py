@@ -390,6 +390,9 @@ def test_bad_tasks_bundles_and_items_are_one_line_errors(tmp_path):
         ev.evaluate_core(model, tok, bundle, tasks=["copa"])
     write_bundle(tmp_path, {"copa": fixture_items("copa", 3)})
     assert list(ev.evaluate_core(model, tok, bundle, tasks=["copa", "copa"])["tasks"]) == ["copa"]  # once
+    meta = tmp_path / "eval_bundle" / "eval_meta_data.csv"  # saved by a spreadsheet, with a byte-order mark
+    meta.write_bytes(b"\xef\xbb\xbf" + meta.read_bytes())
+    assert list(ev.evaluate_core(model, tok, bundle, tasks=["copa"])["tasks"]) == ["copa"]
 
 
 def test_bundle_may_be_given_as_the_folder_above_it(tmp_path):

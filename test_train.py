@@ -344,6 +344,13 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path):
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
         f"error: --bundle: no folder {tmp_path / 'nowhere'}; expected an unzipped eval_bundle (eval_meta_data.csv and eval_data/)"]
     assert "step 1/" not in r.stdout and not (tmp_path / "run" / "ckpt.pt").exists()
+    partial = tmp_path / "partial_bundle"  # a bundle that lacks tasks: found before training too
+    (partial / "eval_data").mkdir(parents=True)
+    (partial / "eval_meta_data.csv").write_text("Eval Task,Random baseline\ncopa,50\n")
+    r = run_train([*base, "--core_eval", f"--eval_bundle={partial}"])
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[0].startswith(
+        f"error: {partial}/eval_meta_data.csv has no random baseline for jeopardy, ") and len(r.stderr.strip().splitlines()) == 1
+    assert "step 1/" not in r.stdout and not (tmp_path / "run" / "ckpt.pt").exists()
     # a batch no machine holds (2^40 rows: more than any address space, so no overcommit lets it through)
     r = run_train([*base, f"--out_dir={tmp_path / 'huge'}", "--device_batch_size=1099511627776",
                    "--total_batch_tokens=35184372088832", "--max_iters=1"])
