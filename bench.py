@@ -692,10 +692,15 @@ def main(argv=None):
         sys.exit(f"bench.py: error: {str(e).strip().splitlines()[0]}")
     except KeyboardInterrupt:
         sys.exit("bench.py: interrupted")
-    if "speed" in r:
-        print(json.dumps(r, indent=1) if args.json else report(r))
-    elif args.json:
-        print(json.dumps({"plots": r["plots"]}, indent=1))
+    try:
+        if "speed" in r:
+            print(json.dumps(r, indent=1) if args.json else report(r), flush=True)
+        elif args.json:
+            print(json.dumps({"plots": r["plots"]}, indent=1), flush=True)
+    except OSError as e:  # the reader left (`| head`: stop quietly), or a full disk; not again at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if not isinstance(e, BrokenPipeError):
+            sys.exit(f"bench.py: error: cannot write the results: {e.strerror or e}")
     for path in r.get("plots", []):
         log(f"wrote {path}")
 

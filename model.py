@@ -21,6 +21,7 @@ Run `python model.py` to list the presets with their parameters and FLOPs.
 import math
 import os
 import signal
+import sys
 from dataclasses import dataclass, field, fields
 
 if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
@@ -824,6 +825,8 @@ if __name__ == "__main__":
             f"at size {args.size} ({', '.join(f'{k}={v}' for k, v in SIZES[args.size].items())}):\n"
             f"{describe_presets(args.size)}")
     try:
-        print(text)
-    except BrokenPipeError:  # the reader left (`python model.py | head`): stop quietly, and not again at exit
+        print(text, flush=True)
+    except OSError as e:  # the reader left (`python model.py | head`: stop quietly), or a full disk; not again at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        if not isinstance(e, BrokenPipeError):
+            sys.exit(f"model.py: error: cannot write the listing: {e.strerror or e}")

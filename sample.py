@@ -19,6 +19,7 @@ tokens per second) and the offload traffic go to stderr, so stdout holds the tex
 import argparse
 import codecs
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -201,13 +202,17 @@ def parse_args(argv=None):
     for name, low in (("num_samples", 1), ("max_new_tokens", 0), ("top_k", 0)):
         if getattr(args, name) < low:
             p.error(f"--{name} must be at least {low}, got {getattr(args, name)}")
-    if not args.temperature >= 0:  # also refuses nan
-        p.error(f"--temperature must be >= 0, got {args.temperature}")
+    if not 0 <= args.temperature < math.inf:  # also refuses nan
+        p.error(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if not -2 ** 63 <= args.seed < 2 ** 64:  # what torch.Generator.manual_seed takes
+        p.error(f"--seed must be in [-2^63, 2^64), got {args.seed}")
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if sys.stdout is None:  # started with stdout closed (`>&-`): nowhere to write the text
+        sys.exit("sample.py: error: stdout is closed; the text has nowhere to go")
     try:
         check_device(args.device)
         dtype = resolve_dtype(args.dtype, args.device)
@@ -240,10 +245,10 @@ def main(argv=None):
     except KeyboardInterrupt:
         sys.stdout.write("\n")
         print("sample.py: interrupted", file=sys.stderr)
-    except BrokenPipeError:  # the reader left (e.g. `python sample.py | head`): stop quietly, like cat
+    except OSError as e:  # the reader left (`python sample.py | head`: stop quietly, like cat), or a full disk
         with contextlib.suppress(OSError, ValueError):  # no error again when Python flushes stdout at exit
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
+        sys.exit(1 if isinstance(e, BrokenPipeError) else f"sample.py: error: cannot write the text: {e.strerror or e}")
     n_prompt, t_prefill, n_decode, t_decode = totals
     if n_prompt:
         print(f"sample.py: prefill {n_prompt} tokens at {rate(n_prompt, t_prefill)}; "

@@ -238,6 +238,18 @@ def test_a_closed_pipe_stops_sampling_quietly(tiny):
     assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err
 
 
+def test_a_full_or_closed_stdout_is_one_line(tiny):
+    path, _, _ = tiny
+    cmd = [sys.executable, os.path.join(HERE, "sample.py"), "--ckpt", path, "--max_new_tokens", "5"]
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, text=True, cwd=HERE, timeout=120)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == "sample.py: error: cannot write the text: No space left on device"
+    assert "Traceback" not in r.stderr
+    r = subprocess.run(cmd, stdout=None, stderr=subprocess.PIPE, text=True, cwd=HERE, timeout=120, close_fds=True,
+                       preexec_fn=lambda: os.close(1))  # `python sample.py >&-`
+    assert r.returncode == 1 and r.stderr.strip() == "sample.py: error: stdout is closed; the text has nowhere to go"
+
+
 @pytest.mark.parametrize("case", ["tokenizer", "prompt_file", "not_a_checkpoint"])
 def test_other_bad_inputs_are_one_line_errors(tiny, tmp_path, case):
     path, _, _ = tiny
@@ -256,7 +268,8 @@ def test_other_bad_inputs_are_one_line_errors(tiny, tmp_path, case):
 
 def test_bad_numbers_are_refused(tiny, capsys):
     path, _, _ = tiny
-    for flag, value in (("--temperature", "-1"), ("--max_new_tokens", "-3"), ("--num_samples", "0")):
+    for flag, value in (("--temperature", "-1"), ("--temperature", "inf"), ("--max_new_tokens", "-3"), ("--num_samples", "0"),
+                        ("--seed", str(2 ** 64)), ("--seed", str(-2 ** 63 - 1))):
         with pytest.raises(SystemExit) as e:
             sample.main(["--ckpt", path, flag, value])
         assert e.value.code == 2 and f"{flag} must be" in capsys.readouterr().err
@@ -394,6 +407,10 @@ def test_bench_plots_and_metrics(tmp_path, capsys):
     assert capsys.readouterr().out == ""
     bench.main(["--plot", "--json", "--plot_dir", str(out), str(metrics)])  # --json: the plots' paths on stdout
     assert json.loads(capsys.readouterr().out) == {"plots": [str(out / n) for n in ("fig5a.png", "val_curves.png", "coefficients.png")]}
+    with open("/dev/full", "w") as full:  # a full disk for stdout is one line
+        r = subprocess.run([sys.executable, "bench.py", "--plot", "--json", "--plot_dir", str(out), str(metrics)], cwd=HERE,
+                           stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == "bench.py: error: cannot write the results: No space left on device"
     baseline = tmp_path / "baseline" / "metrics.jsonl"
     baseline.parent.mkdir()
     baseline.write_text(json.dumps({"type": "eval", "step": 0, "tokens": 0, "val_bpb": 3.1, "coefficients": {}}) + "\n")

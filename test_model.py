@@ -477,3 +477,6 @@ def test_the_preset_listing_and_a_reader_that_leaves():
     p.stdout.close()  # the reader leaves before anything is written
     err = p.stderr.read()
     assert p.wait(timeout=120) == 0 and err == ""
+    with open("/dev/full", "w") as full:  # a full disk is one line
+        r = subprocess.run(cmd, cwd=here, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr == "model.py: error: cannot write the listing: No space left on device\n"
