@@ -803,6 +803,13 @@ class GPT(nn.Module):
 
 # -----------------------------------------------------------------------------
 
+def out_of_memory(e):
+    """Whether e is an allocation that failed: numpy's or torch's, on the host or the GPU (scripts say so in one line)."""
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(e, RuntimeError) and "can't allocate memory" in str(e)) or (
+        isinstance(e, ValueError) and "Maximum allowed dimension exceeded" in str(e))  # numpy: a size past 2^63 bytes
+
+
 def describe_presets(size):
     """One line per variant: target layers, parameters and FLOPs per token at this size."""
     lines = [f"{'variant':<18} {'targets':<22} {'dense params':>13} {'table params':>13} {'FLOPs/token':>15}"]

@@ -448,6 +448,13 @@ def test_bench_bad_arguments_are_one_line_errors(capsys):
         bench.main(["--contexts", "8", "--steps", "8"])
     assert e.value.code == 2 and "must exceed --steps" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
+        bench.main(["--threads", str(100 * os.cpu_count())])
+    assert e.value.code == 2 and f"--threads must be at most the {os.cpu_count()} CPUs here" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # 2^40 prompts: more than any address space
+        bench.main(["--quick", "--config", TINY, "--contexts", "16", "--decode_batch", str(2 ** 40), "--threads", "1"])
+    assert e.value.code.startswith("bench.py: error: out of memory (") and e.value.code.endswith(
+        "lower --decode_batch, --batch or the largest of --contexts") and "\n" not in e.value.code
+    with pytest.raises(SystemExit) as e:
         bench.main(["--contexts", ","])
     assert e.value.code == 2 and "--contexts needs at least one decode context" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:  # refused before the benchmark runs, not after

@@ -356,6 +356,9 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path):
                    "--total_batch_tokens=35184372088832", "--max_iters=1"])
     assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert r.stderr.startswith("error: out of memory (") and "lower --device_batch_size" in r.stderr
+    r = run_train([*base, f"--out_dir={tmp_path / 'huge2'}", "--total_batch_tokens=1e30", "--max_iters=1"])  # past numpy's sizes
+    assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith("error: out of memory (Maximum allowed dimension exceeded)") and "--total_batch_tokens" in r.stderr
     assert train.out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert not train.out_of_memory(RuntimeError("shape mismatch"))
 

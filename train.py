@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from model import GPT, GPTConfig, SIZES, VARIANTS
+from model import GPT, GPTConfig, SIZES, VARIANTS, out_of_memory
 from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokens,
                           out_dir_problem, tokenizer_sha256, write_json)
 from sample import check_device
@@ -683,12 +683,6 @@ def main(argv):
     return final
 
 
-def out_of_memory(e):
-    """Whether e is an allocation that failed: numpy's or torch's, on the host or the GPU."""
-    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or (
-        isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
-
-
 def usage():
     """--help: the docstring, then every setting with its default."""
     keys = "\n".join(f"  --{k}={globals()[k]!r}" for k in TRAIN_KEYS)
@@ -717,7 +711,8 @@ if __name__ == "__main__":
         from eval import EvalError
         if out_of_memory(e):
             print(f"error: out of memory ({str(e).strip().splitlines()[0][:200]}); lower --device_batch_size (the "
-                  "accumulation steps keep --total_batch_tokens) or the model size", file=sys.stderr)
+                  "accumulation steps keep --total_batch_tokens), --total_batch_tokens (a step's rows are read at once) "
+                  "or the model size", file=sys.stderr)
             sys.exit(1)
         if not isinstance(e, (ConfigError, DataError, EvalError, OSError)):
             raise
