@@ -803,6 +803,11 @@ class GPT(nn.Module):
 
 # -----------------------------------------------------------------------------
 
+def first_line(e, limit=200):
+    """An exception's first non-empty line (or its type's name), cut to `limit` characters: for one-line errors."""
+    return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)[:limit]
+
+
 def out_of_memory(e):
     """Whether e is an allocation that failed: numpy's or torch's, on the host or the GPU (scripts say so in one line)."""
     return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or (

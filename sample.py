@@ -30,7 +30,7 @@ if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 
 
 import torch
 
-from model import GPT
+from model import GPT, first_line
 from prepare_data import DataError, load_tokenizer, tokenizer_sha256
 
 SEPARATOR = "\n---------------\n"
@@ -245,6 +245,8 @@ def main(argv=None):
     except KeyboardInterrupt:
         sys.stdout.write("\n")
         print("sample.py: interrupted", file=sys.stderr)
+    except torch._dynamo.exc.TorchDynamoException as e:  # --compile: e.g. no working C++ compiler for inductor
+        sys.exit(f"sample.py: error: torch.compile failed ({first_line(e)}); run without --compile")
     except OSError as e:  # the reader left (`python sample.py | head`: stop quietly, like cat), or a full disk
         with contextlib.suppress(OSError, ValueError):  # no error again when Python flushes stdout at exit
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

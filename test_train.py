@@ -359,6 +359,11 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path):
     r = run_train([*base, f"--out_dir={tmp_path / 'huge2'}", "--total_batch_tokens=1e30", "--max_iters=1"])  # past numpy's sizes
     assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert r.stderr.startswith("error: out of memory (Maximum allowed dimension exceeded)") and "--total_batch_tokens" in r.stderr
+    no_compiler = {**os.environ, "CXX": "/nonexistent/g++", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # no cache hit
+    r = run_train([*base, f"--out_dir={tmp_path / 'compiled'}", "--compile=true"], env=no_compiler)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        "error: torch.compile failed (InvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx: "
+        "(None, '/nonexistent/g++')); run with --compile=false"]
     assert train.out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert not train.out_of_memory(RuntimeError("shape mismatch"))
 

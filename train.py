@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from model import GPT, GPTConfig, SIZES, VARIANTS, out_of_memory
+from model import GPT, GPTConfig, SIZES, VARIANTS, first_line, out_of_memory
 from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokens,
                           out_dir_problem, tokenizer_sha256, write_json)
 from sample import check_device
@@ -709,6 +709,9 @@ if __name__ == "__main__":
         sys.exit(1)
     except Exception as e:
         from eval import EvalError
+        if isinstance(e, torch._dynamo.exc.TorchDynamoException):  # e.g. no working C++ compiler for inductor
+            print(f"error: torch.compile failed ({first_line(e)}); run with --compile=false", file=sys.stderr)
+            sys.exit(1)
         if out_of_memory(e):
             print(f"error: out of memory ({str(e).strip().splitlines()[0][:200]}); lower --device_batch_size (the "
                   "accumulation steps keep --total_batch_tokens), --total_batch_tokens (a step's rows are read at once) "
