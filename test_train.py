@@ -437,6 +437,21 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_checkpoint(data_dir, tmp_path):
     assert all(torch.isfinite(v).all() for v in saved["model"].values())
 
 
+def test_torchrun_environment_is_checked(monkeypatch):
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    assert train.ranks() == (False, 0, 0, 1)
+    full = dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", MASTER_ADDR="localhost", MASTER_PORT="29500")
+    for k, v in full.items():
+        monkeypatch.setenv(k, v)
+    assert train.ranks() == (True, 1, 1, 2)
+    for bad in (dict(RANK="abc"), dict(WORLD_SIZE="0"), dict(LOCAL_RANK="2"), dict(MASTER_ADDR="")):
+        monkeypatch.setattr(os, "environ", {**full, **bad})
+        with pytest.raises(train.ConfigError, match="^RANK is set, but torchrun's environment is incomplete or invalid "
+                                                    r"\(RANK=.*; start with torchrun, or unset RANK for one process$"):
+            train.ranks()
+
+
 def test_device_cuda_without_an_index_selects_gpu_0(monkeypatch):
     """torch.cuda.set_device("cuda") raises: --device=cuda (and auto) must name the index. Checked on
     a CPU build with torch.cuda faked; .ci/gpu_check runs the real thing."""

@@ -443,9 +443,16 @@ def write_jsonl(path, records):
 
 def ranks():
     """(ddp, rank, local_rank, world) from torchrun's environment; one process without it."""
-    if int(os.environ.get("RANK", -1)) == -1:
+    if os.environ.get("RANK", "-1") == "-1":
         return False, 0, 0, 1
-    return True, int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    env = {k: os.environ.get(k, "") for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    rank, local_rank, world = (int(env[k]) if env[k].isdigit() else -1 for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    if not (0 <= local_rank <= rank < world and env["MASTER_ADDR"] and env["MASTER_PORT"]):
+        found = ", ".join(f"{k}={v!r}" for k, v in env.items() if k in os.environ)
+        raise ConfigError(f"RANK is set, but torchrun's environment is incomplete or invalid ({found}; torchrun sets RANK, LOCAL_RANK "
+                          f"and WORLD_SIZE, 0 <= LOCAL_RANK <= RANK < WORLD_SIZE, MASTER_ADDR and MASTER_PORT); start with "
+                          f"torchrun, or unset RANK for one process")
+    return True, rank, local_rank, world
 
 
 def setup_device(s):
