@@ -20,6 +20,7 @@ pyarrow and rustbpe are imported lazily inside the functions that need them.
 import argparse
 import base64
 import codecs
+import contextlib
 import glob
 import hashlib
 import json
@@ -34,6 +35,9 @@ import tempfile
 import threading
 import time
 import urllib.parse
+
+if __name__ == "__main__":  # Ctrl-C while numpy and tiktoken load: exit 130, not a traceback
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 import numpy as np
 import tiktoken
@@ -806,13 +810,22 @@ def main(argv=None):
     try:
         config, out_dir = resolve_config(args)
         prepare(config, out_dir, args.force)
+        sys.stdout.flush()  # a closed pipe is found here, not while Python exits
     except DataError as e:
         sys.exit(f"prepare_data.py: error: {e}")
-    except OSError as e:  # e.g. an --out_dir that is a file, or not writable
-        sys.exit(f"prepare_data.py: error: cannot write {e.filename or 'the output'}: {e.strerror or e}")
+    except OSError as e:  # the reader of stdout left (`| head`); an --out_dir that is a file, or not writable; a full disk
+        with contextlib.suppress(OSError, ValueError):  # if it was stdout, no second error when Python flushes it at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if isinstance(e, BrokenPipeError):
+            sys.exit("prepare_data.py: stopped: the reader of stdout left; re-run the same command to resume (or to see "
+                     "that it is done)")
+        why = e.strerror or f"{e} (is the disk full?)"  # numpy's short writes have no errno
+        sys.exit(f"prepare_data.py: error: cannot write {e.filename or 'the output'}: {why}")
     except KeyboardInterrupt:
         sys.exit("prepare_data.py: interrupted; re-run the same command to resume")
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
+    sys.stdout.reconfigure(line_buffering=True)  # `| tee log` shows each line as it is printed
     main()

@@ -392,6 +392,21 @@ def test_bad_input_is_one_line(tmp_path):
         assert msg.startswith("prepare_data.py: error: ") and expected in msg and "\n" not in msg, msg
 
 
+def test_a_closed_or_full_stdout_is_one_line(tmp_path):
+    pattern, _ = write_corpus(tmp_path)
+    cmd = [sys.executable, "prepare_data.py", "--source", "files:" + pattern, "--vocab_size", "300", "--val_tokens", "500",
+           "--out_dir", str(tmp_path / "data")]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as in a user's shell
+    assert subprocess.run(cmd, cwd=HERE, capture_output=True, env=env).returncode == 0
+    p = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    p.stdout.close()  # `| head` that has left: "already prepared" meets a closed pipe
+    assert p.wait(timeout=60) == 1 and p.stderr.read() == ("prepare_data.py: stopped: the reader of stdout left; re-run "
+                                                           "the same command to resume (or to see that it is done)\n")
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(cmd, cwd=HERE, stdout=full, stderr=subprocess.PIPE, text=True, env=env)
+    assert r.returncode == 1 and r.stderr == "prepare_data.py: error: cannot write the output: No space left on device\n"
+
+
 def test_force_deletes_nothing_when_the_new_source_is_bad(tmp_path):
     """--force with a mistyped source, or a tokenizer that cannot be trained, leaves the prepared data as it was."""
     pattern, _ = write_corpus(tmp_path)
