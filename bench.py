@@ -581,7 +581,7 @@ def parse_overrides(text):
     out = {}
     for item in filter(None, (t.strip() for t in (text or "").split(","))):
         key, eq, value = item.partition("=")
-        if not eq:
+        if not eq or not key.strip():
             raise BenchError(f"--config takes key=value pairs separated by commas, got {item!r}")
         value = value.strip()
         bools = {"true": True, "false": False}

@@ -130,7 +130,15 @@ def get_bundle(path=None):
         return dest
     if os.path.exists(dest):
         raise EvalError(f"{bundle_problem(dest)}; delete {dest} to download the bundle again")
-    download_bundle(os.environ.get("BOV_EVAL_BUNDLE_URL", EVAL_BUNDLE_URL), dest)
+    url = os.environ.get("BOV_EVAL_BUNDLE_URL", EVAL_BUNDLE_URL)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        ok = parts.scheme in ("http", "https") and parts.hostname and (parts.port or True)  # .port raises on a bad one
+    except ValueError:
+        ok = False
+    if not ok:
+        raise EvalError(f"BOV_EVAL_BUNDLE_URL={url!r} is not an http(s) URL")
+    download_bundle(url, dest)
     return dest
 
 
@@ -447,7 +455,8 @@ def main(argv=None):
     if args.max_per_task is not None and args.max_per_task < 1:
         p.error(f"--max_per_task must be at least 1, got {args.max_per_task}")
     if not os.path.isfile(args.ckpt):  # before the bundle, which may be a download
-        sys.exit(f"eval.py: error: no checkpoint at {args.ckpt}; `python train.py` writes one")
+        sys.exit(f"eval.py: error: {args.ckpt} is a folder; pass the checkpoint file in it, e.g. {os.path.join(args.ckpt, 'ckpt.pt')}"
+                 if os.path.isdir(args.ckpt) else f"eval.py: error: no checkpoint at {args.ckpt}; `python train.py` writes one")
     partial = bool(args.tasks) or args.max_per_task is not None
     out = os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "core_eval_partial.json" if partial else "core_eval.json")
     if os.path.isdir(out) or (os.path.isdir(os.path.dirname(out)) and not os.access(os.path.dirname(out), os.W_OK)):

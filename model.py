@@ -22,7 +22,7 @@ import math
 import os
 import signal
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 
 if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
@@ -676,8 +676,6 @@ class GPT(nn.Module):
     def save_checkpoint(self, path, **extra):
         """Write {"model": state_dict, "model_config": config, **extra} to `path` atomically
         (a temporary file in the same folder, then os.replace): a crash never leaves half a file."""
-        import os
-        from dataclasses import asdict
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = f"{path}.tmp{os.getpid()}"
         try:
@@ -694,9 +692,9 @@ class GPT(nn.Module):
     def from_checkpoint(cls, path, device="cpu"):
         """Load a train.py checkpoint -> (model in eval mode on `device`, checkpoint dict).
         Raises FileNotFoundError / ValueError with a one-line message for a missing or unreadable file."""
-        import os
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"no checkpoint at {path}; `python train.py` writes one")
+            raise FileNotFoundError(f"{path} is a folder; pass the checkpoint file in it, e.g. {os.path.join(path, 'ckpt.pt')}"
+                                    if os.path.isdir(path) else f"no checkpoint at {path}; `python train.py` writes one")
         try:
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # truncated, damaged, or not a torch file; never retried without weights_only

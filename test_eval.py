@@ -465,6 +465,12 @@ def test_no_bundle_offline_is_one_clear_line_and_fast(tmp_path, monkeypatch):
     with pytest.raises(ev.EvalError, match="unreachable.*--bundle"):
         ev.get_bundle()
     assert time.time() - t0 < 6
+    for bad in ("notaurl", "file:///tmp/eval_bundle.zip", "http://[::1"):  # the variable is named, not a parser's complaint
+        monkeypatch.setenv("BOV_EVAL_BUNDLE_URL", bad)
+        with pytest.raises(ev.EvalError) as e:
+            ev.get_bundle()
+        assert str(e.value) == f"BOV_EVAL_BUNDLE_URL={bad!r} is not an http(s) URL"
+    monkeypatch.setenv("BOV_EVAL_BUNDLE_URL", env["BOV_EVAL_BUNDLE_URL"])
     (tmp_path / "ckpt.pt").write_bytes(b"")  # the checkpoint is only checked to exist before the bundle, not read
     r = run_cli("--ckpt", tmp_path / "ckpt.pt", env=env)  # the bundle is checked before the checkpoint is loaded
     lines = r.stderr.strip().splitlines()
@@ -534,6 +540,8 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path):
     (tmp_path / "run" / "core_eval_partial.json").rmdir()
     r = run_cli("--ckpt", tmp_path / "typo.pt", "--bundle", tmp_path / "nowhere")  # the checkpoint is checked first
     assert r.returncode == 1 and r.stderr.strip() == f"eval.py: error: no checkpoint at {tmp_path / 'typo.pt'}; `python train.py` writes one"
+    r = run_cli("--ckpt", tmp_path / "run", "--bundle", bundle)  # the folder, not the file in it
+    assert r.returncode == 1 and r.stderr.strip() == f"eval.py: error: {tmp_path / 'run'} is a folder; pass the checkpoint file in it, e.g. {ckpt}"
     r = run_cli("--ckpt", ckpt, "--bundle", bundle, "--max_per_task", 0)
     assert r.returncode == 2 and "--max_per_task must be at least 1, got 0" in r.stderr
 

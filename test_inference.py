@@ -455,6 +455,9 @@ def test_bench_bad_arguments_are_one_line_errors(capsys):
         bench.main(["--config", "n_embd", "--threads", "1"])
     assert "key=value" in e.value.code
     with pytest.raises(SystemExit) as e:
+        bench.main(["--config", "=3", "--threads", "1"])
+    assert e.value.code == "bench.py: error: --config takes key=value pairs separated by commas, got '=3'"
+    with pytest.raises(SystemExit) as e:
         bench.main(["--contexts", "8", "--steps", "8"])
     assert e.value.code == 2 and "must exceed --steps" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:

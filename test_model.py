@@ -452,6 +452,8 @@ def test_checkpoint_round_trip(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary file left
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         GPT.from_checkpoint(str(tmp_path / "missing.pt"))
+    with pytest.raises(FileNotFoundError, match=f"^{tmp_path} is a folder; pass the checkpoint file in it, e.g. {path}$"):
+        GPT.from_checkpoint(str(tmp_path))
     good = path.read_bytes()
     path.write_bytes(good[:1000])
     with pytest.raises(ValueError, match="cannot read checkpoint") as e:

@@ -255,6 +255,7 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     bad_file = tmp_path / "bad_config.py"
     bad_file.write_text("size = 'cpu\n")
     assert f"config file {bad_file}: SyntaxError" in error([str(bad_file), *base])
+    assert f"config file {tmp_path} is a folder" == error([str(tmp_path), *base])
     train.main(base)
     ckpt = os.path.join(out, "ckpt.pt")
     before = open(ckpt, "rb").read()

@@ -148,7 +148,7 @@ def resolve_settings(argv):
     for arg in argv:
         if not arg.startswith("--"):
             if not os.path.isfile(arg):
-                raise ConfigError(f"config file {arg} not found")
+                raise ConfigError(f"config file {arg} is a folder" if os.path.isdir(arg) else f"config file {arg} not found")
             scope = {}
             try:
                 exec(open(arg).read(), {}, scope)
