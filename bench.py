@@ -57,7 +57,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from torch.utils.weak import WeakIdKeyDictionary
 
-from model import GPT, GPTConfig, SIZES, out_of_memory
+from model import GPT, GPTConfig, SIZES, first_line, out_of_memory
 from prepare_data import out_dir_problem
 from sample import check_device, resolve_dtype
 
@@ -623,8 +623,8 @@ def parse_args(argv=None):
     for k in ("steps", "rounds", "batch", "decode_batch", "serve_batch", "threads"):
         if getattr(args, k) < 1:
             p.error(f"--{k} must be at least 1, got {getattr(args, k)}")
-    if args.threads > os.cpu_count():  # thousands of OpenMP threads crawl, then fail to start, then crash
-        p.error(f"--threads must be at most the {os.cpu_count()} CPUs here, got {args.threads}")
+    if args.threads > (os.cpu_count() or 1):  # thousands of OpenMP threads crawl, then fail to start, then crash
+        p.error(f"--threads must be at most the {os.cpu_count() or 1} CPUs here, got {args.threads}")
     try:
         args.contexts = sorted({int(c) for c in args.contexts.split(",") if c.strip()})
     except ValueError:
@@ -690,15 +690,14 @@ def main(argv=None):
                 coeffs = os.path.join(args.plot_dir, "coefficients.png")
                 if coefficient_plot(args.metrics, coeffs):
                     r["plots"].append(coeffs)
-    except (BenchError, ValueError, OSError) as e:
-        sys.exit(f"bench.py: error: {str(e).strip().splitlines()[0]}")
     except KeyboardInterrupt:
         sys.exit("bench.py: interrupted")
-    except (MemoryError, RuntimeError) as e:
-        if not out_of_memory(e):
+    except (BenchError, ValueError, OSError, MemoryError, RuntimeError) as e:
+        if out_of_memory(e):
+            sys.exit(f"bench.py: error: out of memory ({first_line(e)}); lower --decode_batch, --batch or the largest of --contexts")
+        if isinstance(e, (MemoryError, RuntimeError)):
             raise
-        sys.exit(f"bench.py: error: out of memory ({str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__}); "
-                 "lower --decode_batch, --batch or the largest of --contexts")
+        sys.exit(f"bench.py: error: {first_line(e, 1000)}")
     try:
         if "speed" in r:
             print(json.dumps(r, indent=1) if args.json else report(r), flush=True)

@@ -481,10 +481,11 @@ def main(argv=None):
     except OSError as e:
         print(format_table(result))
         sys.exit(f"eval.py: error: cannot write {out}: {e.strerror or e}")
+    table = format_table(result)
     try:
-        print(format_table(result))
+        print(table)
         print(f"wrote {out}", flush=True)
-    except (OSError, ValueError) as e:  # ValueError: stdout closed (`>&-`)
+    except OSError as e:
         with contextlib.suppress(OSError, ValueError):  # no second error when Python flushes stdout at exit
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(f"eval.py: could not print the table ({getattr(e, 'strerror', None) or e}); the results are in {out}")

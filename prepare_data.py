@@ -93,11 +93,9 @@ def load_meta(data_dir):
         if not isinstance(meta.get(key), kind) or (kind is list and not meta[key]):
             raise DataError(f"{path} has no {key} (or not a {'non-empty ' if kind is list else ''}{kind.__name__}); "
                             f"re-run prepare_data.py with --force")
-    for split in ("train", "val"):
-        if not all(isinstance(sh, dict) and isinstance(sh.get("file"), str) and isinstance(sh.get("tokens"), int)
-                   for sh in meta[split + "_shards"]):
-            raise DataError(f"{path} lists a {split} shard without a file name and token count; "
-                            f"re-run prepare_data.py with --force")
+    problem = _shard_lists_problem(meta)
+    if problem:
+        raise DataError(f"{path} {problem}; re-run prepare_data.py with --force")
     if meta["dtype"] not in ("uint16", "uint32"):
         raise DataError(f"{path} has dtype {meta['dtype']!r}, not uint16 or uint32; re-run prepare_data.py with --force")
     return meta
@@ -148,6 +146,16 @@ def tokenizer_sha256(data_dir):
             return hashlib.file_digest(f, "sha256").hexdigest()
     except OSError as e:
         raise DataError(f"{path} is unreadable ({e.strerror}); re-run prepare_data.py with --force") from None
+
+
+def _shard_lists_problem(state):
+    """None if both shard lists of a meta / progress state hold {"file": str, "tokens": int, ...} entries."""
+    for split in ("train", "val"):
+        if not isinstance(state.get(split + "_shards"), list) or not all(
+                isinstance(sh, dict) and isinstance(sh.get("file"), str) and isinstance(sh.get("tokens"), int)
+                for sh in state[split + "_shards"]):
+            return f"lists a {split} shard without a file name and token count"
+    return None
 
 
 def load_tokens(data_dir, split):
@@ -668,6 +676,8 @@ def load_state(out_dir, config, force):
     if not isinstance(state, dict) or not {"format", "config", "val_shards", "train_shards"} <= set(state) \
             or not isinstance(state["config"], dict):
         raise DataError(f"{path} is not a prepare_data.py state file; pass --force to rebuild {out_dir}")
+    if _shard_lists_problem(state):
+        raise DataError(f"{path} {_shard_lists_problem(state)}; pass --force to rebuild {out_dir}")
     if state.get("format") != FORMAT:
         raise DataError(f"{out_dir} was prepared in format {state.get('format')}, this code writes {FORMAT}; "
                         f"pass --force to rebuild it")
@@ -701,6 +711,8 @@ def prepare(config, out_dir, force=False):
     """Prepare out_dir for config (see resolve_config); returns the meta dict."""
     t_start = time.time()
     new_source = lambda: Source(config["source"], config["column"], config["hf_split"])  # fails fast when offline
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):  # before any work
+        raise DataError(f"--out_dir {out_dir} is a file, not a folder")
     source = tok = None
     if force:  # --force deletes nothing before the new source is found and its tokenizer made
         source = new_source()
@@ -713,8 +725,6 @@ def prepare(config, out_dir, force=False):
     source = source or new_source()
     if config["tokenizer"] == "gpt2" and state is None and tok is None:
         tok = gpt2_tokenizer_json()
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise DataError(f"--out_dir {out_dir} is a file, not a folder")
     os.makedirs(out_dir, exist_ok=True)
     if state is not None:  # resuming, or repairing a damaged shard: meta.json goes until it is true again
         write_json(os.path.join(out_dir, "progress.json"), state)
@@ -810,7 +820,8 @@ def main(argv=None):
     try:
         config, out_dir = resolve_config(args)
         prepare(config, out_dir, args.force)
-        sys.stdout.flush()  # a closed pipe is found here, not while Python exits
+        if sys.stdout is not None:
+            sys.stdout.flush()  # a closed pipe is found here, not while Python exits
     except DataError as e:
         sys.exit(f"prepare_data.py: error: {e}")
     except OSError as e:  # the reader of stdout left (`| head`); an --out_dir that is a file, or not writable; a full disk
@@ -827,5 +838,6 @@ def main(argv=None):
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
-    sys.stdout.reconfigure(line_buffering=True)  # `| tee log` shows each line as it is printed
+    if sys.stdout is not None:  # None when started with stdout closed (`>&-`): print() then writes nothing
+        sys.stdout.reconfigure(line_buffering=True)  # `| tee log` shows each line as it is printed
     main()

@@ -245,12 +245,15 @@ def main(argv=None):
     except KeyboardInterrupt:
         sys.stdout.write("\n")
         print("sample.py: interrupted", file=sys.stderr)
-    except torch._dynamo.exc.TorchDynamoException as e:  # --compile: e.g. no working C++ compiler for inductor
-        sys.exit(f"sample.py: error: torch.compile failed ({first_line(e)}); run without --compile")
     except OSError as e:  # the reader left (`python sample.py | head`: stop quietly, like cat), or a full disk
         with contextlib.suppress(OSError, ValueError):  # no error again when Python flushes stdout at exit
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1 if isinstance(e, BrokenPipeError) else f"sample.py: error: cannot write the text: {e.strerror or e}")
+    except Exception as e:
+        dynamo = sys.modules.get("torch._dynamo.exc")  # loaded only if --compile compiled something
+        if args.compile and dynamo and isinstance(e, dynamo.TorchDynamoException):  # e.g. no working C++ compiler
+            sys.exit(f"sample.py: error: torch.compile failed ({first_line(e)}); run without --compile")
+        raise
     n_prompt, t_prefill, n_decode, t_decode = totals
     if n_prompt:
         print(f"sample.py: prefill {n_prompt} tokens at {rate(n_prompt, t_prefill)}; "

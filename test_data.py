@@ -405,6 +405,8 @@ def test_a_closed_or_full_stdout_is_one_line(tmp_path):
     with open("/dev/full", "w") as full:
         r = subprocess.run(cmd, cwd=HERE, stdout=full, stderr=subprocess.PIPE, text=True, env=env)
     assert r.returncode == 1 and r.stderr == "prepare_data.py: error: cannot write the output: No space left on device\n"
+    r = subprocess.run(cmd, cwd=HERE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=lambda: os.close(1))  # `>&-`
+    assert r.returncode == 0 and r.stderr == ""
 
 
 def test_force_deletes_nothing_when_the_new_source_is_bad(tmp_path):
@@ -419,6 +421,17 @@ def test_force_deletes_nothing_when_the_new_source_is_bad(tmp_path):
     assert "only supports" in prep("--source", "files:" + pattern, "--vocab_size", 200000, "--val_tokens", 500, "--force",
                                    "--out_dir", out)
     assert snapshot(out) == before
+    # an --out_dir that is a file is refused before a tokenizer is trained for it
+    (tmp_path / "a_file").write_text("")
+    assert prep("--source", "files:" + pattern, "--vocab_size", 200000, "--force", "--out_dir", tmp_path / "a_file") == \
+        f"prepare_data.py: error: --out_dir {tmp_path / 'a_file'} is a file, not a folder"
+    # a state whose shard list is damaged: a rerun says so in one line
+    meta = json.loads((out / "meta.json").read_text())
+    (out / "meta.json").write_text(json.dumps(dict(meta, train_shards=[5])))
+    assert prep("--source", "files:" + pattern, "--vocab_size", 300, "--val_tokens", 500, "--out_dir", out) == (
+        f"prepare_data.py: error: {out / 'meta.json'} lists a train shard without a file name and token count; "
+        f"pass --force to rebuild {out}")
+    (out / "meta.json").write_text(json.dumps(meta))
     (out / "meta.json").write_text("[1]")  # valid JSON, not a state file
     assert "is not a prepare_data.py state file; pass --force" in prep("--source", "files:" + pattern, "--vocab_size", 300,
                                                                       "--val_tokens", 500, "--out_dir", out)

@@ -413,6 +413,9 @@ def test_a_closed_stdout_stops_the_run_in_one_line(data_dir, tmp_path):
     ckpt = tmp_path / "run" / "ckpt.pt"
     assert p.returncode == 1, err
     assert err.decode().strip().splitlines() == [f"stopped: the reader of stdout left; {ckpt}, from the last evaluation, continues with --resume"]
+    r = subprocess.run([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", "--dry_run"], cwd=HERE, capture_output=False,
+                       stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=lambda: os.close(1))  # `>&-`
+    assert r.returncode == 0 and r.stderr == ""
 
 
 @pytest.mark.parametrize("script", ["train.py", "sample.py", "eval.py", "bench.py", "model.py", "prepare_data.py"])

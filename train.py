@@ -446,7 +446,7 @@ def ranks():
     if os.environ.get("RANK", "-1") == "-1":
         return False, 0, 0, 1
     env = {k: os.environ.get(k, "") for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    rank, local_rank, world = (int(env[k]) if env[k].isdigit() else -1 for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    rank, local_rank, world = (int(env[k]) if env[k].isdecimal() else -1 for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     if not (0 <= local_rank <= rank < world and env["MASTER_ADDR"] and env["MASTER_PORT"]):
         found = ", ".join(f"{k}={v!r}" for k, v in env.items() if k in os.environ)
         raise ConfigError(f"RANK is set, but torchrun's environment is incomplete or invalid ({found}; torchrun sets RANK, LOCAL_RANK "
@@ -702,7 +702,8 @@ if __name__ == "__main__":
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
         print(usage())
         sys.exit(0)
-    sys.stdout.reconfigure(line_buffering=True)  # `python train.py | tee log` shows each line as it is logged
+    if sys.stdout is not None:  # None when started with stdout closed (`>&-`): print() then writes nothing
+        sys.stdout.reconfigure(line_buffering=True)  # `python train.py | tee log` shows each line as it is logged
     kept = lambda: (f"{RUN['ckpt']}, from the last evaluation, continues with --resume" if RUN["ckpt"] and os.path.exists(RUN["ckpt"])
                     else "no checkpoint was written yet (the first comes at step eval_interval)")
     try:
@@ -716,13 +717,14 @@ if __name__ == "__main__":
         sys.exit(1)
     except Exception as e:
         from eval import EvalError
-        if isinstance(e, torch._dynamo.exc.TorchDynamoException):  # e.g. no working C++ compiler for inductor
-            print(f"error: torch.compile failed ({first_line(e)}); run with --compile=false", file=sys.stderr)
-            sys.exit(1)
-        if out_of_memory(e):
-            print(f"error: out of memory ({str(e).strip().splitlines()[0][:200]}); lower --device_batch_size (the "
+        if out_of_memory(e) or out_of_memory(e.__cause__):  # __cause__: an allocation that failed inside torch.compile
+            print(f"error: out of memory ({first_line(e.__cause__ if out_of_memory(e.__cause__) else e)}); lower --device_batch_size (the "
                   "accumulation steps keep --total_batch_tokens), --total_batch_tokens (a step's rows are read at once) "
                   "or the model size", file=sys.stderr)
+            sys.exit(1)
+        dynamo = sys.modules.get("torch._dynamo.exc")  # loaded only if something was compiled
+        if dynamo and isinstance(e, dynamo.TorchDynamoException):  # e.g. no working C++ compiler for inductor
+            print(f"error: torch.compile failed ({first_line(e)}); run with --compile=false", file=sys.stderr)
             sys.exit(1)
         if not isinstance(e, (ConfigError, DataError, EvalError, OSError)):
             raise
