@@ -692,10 +692,10 @@ def main(argv=None):
                     r["plots"].append(coeffs)
     except KeyboardInterrupt:
         sys.exit("bench.py: interrupted")
-    except (BenchError, ValueError, OSError, MemoryError, RuntimeError) as e:
+    except Exception as e:
         if out_of_memory(e):
             sys.exit(f"bench.py: error: out of memory ({first_line(e)}); lower --decode_batch, --batch or the largest of --contexts")
-        if isinstance(e, (MemoryError, RuntimeError)):
+        if not isinstance(e, (BenchError, ValueError, OSError)):
             raise
         sys.exit(f"bench.py: error: {first_line(e, 1000)}")
     try:
