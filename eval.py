@@ -133,10 +133,10 @@ def get_bundle(path=None):
     url = os.environ.get("BOV_EVAL_BUNDLE_URL", EVAL_BUNDLE_URL)
     try:
         parts = urllib.parse.urlsplit(url)
-        ok = parts.scheme in ("http", "https") and parts.hostname and (parts.port or True)  # .port raises on a bad one
+        parts.port  # raises ValueError for a port that is not a number
     except ValueError:
-        ok = False
-    if not ok:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise EvalError(f"BOV_EVAL_BUNDLE_URL={url!r} is not an http(s) URL")
     download_bundle(url, dest)
     return dest
@@ -488,7 +488,7 @@ def main(argv=None):
     except OSError as e:
         with contextlib.suppress(OSError, ValueError):  # no second error when Python flushes stdout at exit
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(f"eval.py: could not print the table ({getattr(e, 'strerror', None) or e}); the results are in {out}")
+        sys.exit(f"eval.py: could not print the table ({e.strerror or e}); the results are in {out}")
 
 
 if __name__ == "__main__":

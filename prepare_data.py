@@ -93,8 +93,7 @@ def load_meta(data_dir):
         if not isinstance(meta.get(key), kind) or (kind is list and not meta[key]):
             raise DataError(f"{path} has no {key} (or not a {'non-empty ' if kind is list else ''}{kind.__name__}); "
                             f"re-run prepare_data.py with --force")
-    problem = _shard_lists_problem(meta)
-    if problem:
+    if problem := _shard_lists_problem(meta):
         raise DataError(f"{path} {problem}; re-run prepare_data.py with --force")
     if meta["dtype"] not in ("uint16", "uint32"):
         raise DataError(f"{path} has dtype {meta['dtype']!r}, not uint16 or uint32; re-run prepare_data.py with --force")
@@ -676,8 +675,8 @@ def load_state(out_dir, config, force):
     if not isinstance(state, dict) or not {"format", "config", "val_shards", "train_shards"} <= set(state) \
             or not isinstance(state["config"], dict):
         raise DataError(f"{path} is not a prepare_data.py state file; pass --force to rebuild {out_dir}")
-    if _shard_lists_problem(state):
-        raise DataError(f"{path} {_shard_lists_problem(state)}; pass --force to rebuild {out_dir}")
+    if problem := _shard_lists_problem(state):
+        raise DataError(f"{path} {problem}; pass --force to rebuild {out_dir}")
     if state.get("format") != FORMAT:
         raise DataError(f"{out_dir} was prepared in format {state.get('format')}, this code writes {FORMAT}; "
                         f"pass --force to rebuild it")
