@@ -21,6 +21,7 @@ import argparse
 import base64
 import codecs
 import contextlib
+import fcntl
 import glob
 import hashlib
 import json
@@ -500,6 +501,31 @@ def atomic_write(path, write):
         raise
 
 
+LOCK = ".lock"  # the file that lock_folder holds in a folder
+
+
+def lock_folder(folder, exclusive, busy):
+    """Lock `folder` until this process ends (the kernel drops the lock of a killed one): exclusive for
+    a writer (prepare_data.py in its --out_dir, train.py in its --out_dir), shared for a reader
+    (train.py on its data). DataError(busy) if another process holds it the other way. Returns the
+    open lock file, to be kept; None for a folder where no lock file can be made (read-only: nobody
+    writes there either)."""
+    path = os.path.join(folder, LOCK)
+    try:
+        f = open(path, "a")
+    except OSError:
+        try:
+            f = open(path)
+        except OSError:
+            return None
+    try:
+        fcntl.flock(f, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise DataError(busy) from None
+    return f
+
+
 def out_dir_problem(path):
     """None when path is a writable folder (made if missing), else why not, in a few words
     (train.py's --out_dir and bench.py's --plot_dir, checked before any work)."""
@@ -712,6 +738,8 @@ def prepare(config, out_dir, force=False):
     new_source = lambda: Source(config["source"], config["column"], config["hf_split"])  # fails fast when offline
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):  # before any work
         raise DataError(f"--out_dir {out_dir} is a file, not a folder")
+    busy = f"{out_dir} is in use: another prepare_data.py is writing it, or a train.py is reading it; wait for it to end"
+    held = lock_folder(out_dir, True, busy) if os.path.isdir(out_dir) else None  # held until prepare() returns
     source = tok = None
     if force:  # --force deletes nothing before the new source is found and its tokenizer made
         source = new_source()
@@ -724,7 +752,9 @@ def prepare(config, out_dir, force=False):
     source = source or new_source()
     if config["tokenizer"] == "gpt2" and state is None and tok is None:
         tok = gpt2_tokenizer_json()
-    os.makedirs(out_dir, exist_ok=True)
+    if held is None:  # a new folder, made once the source is found
+        os.makedirs(out_dir, exist_ok=True)
+        held = lock_folder(out_dir, True, busy)
     if state is not None:  # resuming, or repairing a damaged shard: meta.json goes until it is true again
         write_json(os.path.join(out_dir, "progress.json"), state)
     _remove(out_dir, OUR_TEMPS + ("meta.json",))
@@ -770,6 +800,7 @@ def prepare(config, out_dir, force=False):
     state = dict(meta, **state)  # the rest of the state (shard lists, config) follows the summary
     write_json(os.path.join(out_dir, "meta.json"), state)
     os.remove(os.path.join(out_dir, "progress.json"))
+    del held
     speed = f", encoded {nbytes / 1e6:.1f} MB at {nbytes / 1e6 / seconds:.1f} MB/s" if seconds > 0 else ""
     print(f"prepared {out_dir}: {state['train_tokens']:,} train tokens ({state['train_docs']:,} docs), "
           f"{state['val_tokens']:,} val tokens ({state['val_docs']:,} docs) in {time.time() - t_start:.1f}s{speed}")

@@ -444,6 +444,38 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_checkpoint(data_dir, tmp_path):
     assert all(torch.isfinite(v).all() for v in saved["model"].values())
 
 
+def test_one_run_per_out_dir_and_no_rebuild_under_a_run(data_dir, tmp_path, capsys):
+    """A second train.py into the same --out_dir, or prepare_data.py --force on the data a run reads, is refused
+    in one line while the first runs (folder locks); a killed save's temporary file is cleared by the next run."""
+    import prepare_data as pd
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "ckpt.pt.tmp12345").write_bytes(b"half a checkpoint")
+    p = subprocess.Popen([sys.executable, "train.py", *TINY, f"--data_dir={data}", f"--out_dir={out}", "--max_iters=100000",
+                          "--eval_interval=100000"], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in p.stdout:
+            if line.startswith("step 1/"):
+                break
+        assert not (out / "ckpt.pt.tmp12345").exists()
+        with pytest.raises(train.DataError, match=f"^another train.py is writing {out}; wait for it to end, or choose another --out_dir$"):
+            train.main([*TINY, f"--data_dir={data}", f"--out_dir={out}", "--max_iters=2", "--seed=9"])
+        before = {f: (data / f).read_bytes() for f in ("meta.json", "tokenizer.json")}
+        corpus = tmp_path / "c.txt"
+        corpus.write_text("a few words of text\n" * 50)
+        with pytest.raises(SystemExit) as e:
+            pd.main(["--source", f"files:{corpus}", "--vocab_size", "300", "--out_dir", str(data), "--force"])
+        assert e.value.code == (f"prepare_data.py: error: {data} is in use: another prepare_data.py is writing it, or a "
+                                "train.py is reading it; wait for it to end")
+        assert {f: (data / f).read_bytes() for f in before} == before
+    finally:
+        p.kill()
+        p.communicate(timeout=60)
+    train.main([*TINY, f"--data_dir={data}", f"--out_dir={tmp_path / 'other'}", "--max_iters=2"])  # locks end with the run
+
+
 def test_torchrun_environment_is_checked(monkeypatch):
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)

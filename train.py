@@ -13,6 +13,7 @@ field (n_layer, bov_layers, ...) is a key too. The resolved settings are printed
 """
 
 import bisect
+import glob
 import json
 import math
 import os
@@ -32,7 +33,7 @@ import torch.distributed as dist
 
 from model import GPT, GPTConfig, SIZES, VARIANTS, first_line, out_of_memory
 from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokens,
-                          out_dir_problem, tokenizer_sha256, write_json)
+                          lock_folder, out_dir_problem, tokenizer_sha256, write_json)
 from sample import check_device
 
 # -----------------------------------------------------------------------------
@@ -90,7 +91,7 @@ PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 per 
 
 EPOCH_ADVICE = ("the paper's regime is a single epoch and BoV's tables memorise repeated data (gamma_v grows). "
                 "Lower the budget or prepare more data.")
-RUN = {"ckpt": None}  # this process's checkpoint path, for the Ctrl-C message
+RUN = {"ckpt": None}  # this process's checkpoint path, for the Ctrl-C message, and the folder locks it holds
 
 
 class ConfigError(Exception):
@@ -478,6 +479,16 @@ def setup_device(s):
 
 
 def main(argv):
+    """Train as the settings in argv say; the folder locks taken on the way are dropped when it returns or raises."""
+    try:
+        return run(argv)
+    finally:
+        for key in ("out_lock", "data_lock"):
+            if RUN.get(key):
+                RUN.pop(key).close()
+
+
+def run(argv):
     s, model_overrides = resolve_settings(argv)
     master = ranks()[1] == 0
     log = print if master else (lambda *a, **k: None)
@@ -534,6 +545,8 @@ def main(argv):
         raise ConfigError(f"vocab_size {model_config.vocab_size} is smaller than the data's vocabulary ({meta['vocab_size']})")
     if model_config.vocab_size > dtype_max + 1:
         raise ConfigError(f"vocab_size {model_config.vocab_size} is larger than the data's {meta['dtype']} ids can hold")
+    RUN["data_lock"] = lock_folder(s["data_dir"], False, f"{s['data_dir']} is being written by prepare_data.py; "
+                                                         f"wait for it to finish")  # and it waits for this run
     loader = Batches(load_tokens(s["data_dir"], "train"), meta["bos_id"], T, s["seed"])
     val = val_rows(load_tokens(s["data_dir"], "val"), T, s["eval_tokens"])
     token_bytes = load_token_bytes(s["data_dir"])
@@ -552,6 +565,12 @@ def main(argv):
     optimizers = model.configure_optimizers(s["matrix_lr"], s["embedding_lr"], s["unembedding_lr"],
                                             s["scalar_lr"], s["table_lr"], s["weight_decay"])
     ckpt_path = RUN["ckpt"] = os.path.join(s["out_dir"], CKPT)
+    if master:  # one run per --out_dir: a second would overwrite the first's checkpoint and metrics
+        os.makedirs(s["out_dir"], exist_ok=True)
+        RUN["out_lock"] = lock_folder(s["out_dir"], True, f"another train.py is writing {s['out_dir']}; wait for it to "
+                                                          f"end, or choose another --out_dir")
+        for stale in glob.glob(glob.escape(ckpt_path) + ".tmp*"):  # half a save by a killed run: no one else writes here
+            os.remove(stale)
     metrics_path = os.path.join(s["out_dir"], "metrics.jsonl")
     step, metrics = 0, []
     if s["resume"]:
