@@ -476,6 +476,19 @@ def test_one_run_per_out_dir_and_no_rebuild_under_a_run(data_dir, tmp_path, caps
     train.main([*TINY, f"--data_dir={data}", f"--out_dir={tmp_path / 'other'}", "--max_iters=2"])  # locks end with the run
 
 
+def test_ctrl_c_during_a_save_waits_for_it():
+    """A SIGINT inside ctrl_c_after() (where train.py saves its checkpoint) lets the block finish, then interrupts."""
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with train.ctrl_c_after():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler runs between bytecodes: here, not at the end of the block
+            done.append(True)
+    assert done == [True] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with train.ctrl_c_after():  # without a Ctrl-C, nothing happens
+        pass
+
+
 def test_torchrun_environment_is_checked(monkeypatch):
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)

@@ -21,7 +21,8 @@ import random
 import signal
 import sys
 import time
-from contextlib import nullcontext
+import threading
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, fields
 
 if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
@@ -436,6 +437,22 @@ def load_resume(path, s, model_config, tok_sha):
     return ckpt
 
 
+@contextmanager
+def ctrl_c_after():
+    """Hold a Ctrl-C (SIGINT) until the block ends, then raise it: a checkpoint save is never cut short."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread receives signals
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
 def write_jsonl(path, records):
     atomic_write(path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in records).encode()))
 
@@ -609,9 +626,10 @@ def run(argv):
 
     def checkpoint():
         try:
-            model.save_checkpoint(ckpt_path, train_config=s, data_dir=os.path.abspath(s["data_dir"]), tokenizer_sha256=tok_sha,
-                                  step=step, optimizers=[o.state_dict() for o in optimizers], loader=loader.state(),
-                                  rng=rng_states(), metrics=metrics)
+            with ctrl_c_after():  # an interrupted save would read as a failed write
+                model.save_checkpoint(ckpt_path, train_config=s, data_dir=os.path.abspath(s["data_dir"]),
+                                      tokenizer_sha256=tok_sha, step=step, optimizers=[o.state_dict() for o in optimizers],
+                                      loader=loader.state(), rng=rng_states(), metrics=metrics)
         except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
             kept = f"the last good checkpoint {ckpt_path} is kept" if os.path.exists(ckpt_path) else "no checkpoint was written"
             raise ConfigError(f"could not write the checkpoint at step {step} ({type(e).__name__}: "
