@@ -155,8 +155,12 @@ def download_bundle(url, dest):
         raise EvalError(f"the CORE eval bundle is not in {dest} and {urllib.parse.urlsplit(url).hostname} "
                         f"is unreachable; download {url} elsewhere, unzip it and pass --bundle path/to/eval_bundle")
     parent = os.path.dirname(dest)
-    os.makedirs(parent, exist_ok=True)
-    work = tempfile.mkdtemp(prefix=".eval_bundle.", dir=parent)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        work = tempfile.mkdtemp(prefix=".eval_bundle.", dir=parent)
+    except OSError as e:
+        raise EvalError(f"cannot make the bundle cache {parent} ({e.strerror or e}); set XDG_CACHE_HOME to a writable "
+                        f"folder, or unzip the bundle anywhere and pass --bundle") from None
     try:
         zpath = os.path.join(work, "eval_bundle.zip")
         try:
@@ -471,7 +475,7 @@ def main(argv=None):
         result = evaluate_core(model, tokenizer, bundle, tasks, args.max_per_task, args.device, args.batch_size)
     except torch.OutOfMemoryError:
         sys.exit(f"eval.py: error: out of memory on {args.device}; lower --batch_size (now {args.batch_size})")
-    except (EvalError, DataError, FileNotFoundError, ValueError, RuntimeError) as e:
+    except (EvalError, DataError, OSError, ValueError, RuntimeError) as e:
         sys.exit(f"eval.py: error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
     except KeyboardInterrupt:
         sys.exit("eval.py: interrupted")
