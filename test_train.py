@@ -17,6 +17,7 @@ import torch
 
 import train
 from model import GPT, GPTConfig
+from prepare_data import load_meta
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # A model small enough that a step takes milliseconds on a CPU.
@@ -293,6 +294,16 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
         f.write(" ")
     assert f"was trained on the data in {data_dir}, this run reads {other}" in error(
         [*base[:-1], "--resume", f"--data_dir={other}", "--max_iters=2"])
+    moved = tmp_path / "moved_data"  # the same data in another folder: the tokenizer and the counts say so
+    shutil.copytree(data_dir, moved)
+    train.main([*base[:-1], "--resume", f"--data_dir={moved}", "--max_iters=2"])
+    rebuilt = torch.load(ckpt, weights_only=True)  # the same folder and tokenizer, other data (another --train_tokens)
+    rebuilt["data_counts"] = dict(rebuilt["data_counts"], train_tokens=5)
+    torch.save(rebuilt, ckpt)
+    assert error([*base[:-1], "--resume", "--max_iters=2"]) == (
+        f"--resume: the data in {data_dir} is not the data {ckpt} was trained on (train_tokens 5 there, "
+        f"{load_meta(data_dir)['train_tokens']} here: it was prepared again); resume needs the same data")
+    open(ckpt, "wb").write(before)
     rebuilt = torch.load(ckpt, weights_only=True)  # the same folder, prepared again with another tokenizer
     rebuilt["tokenizer_sha256"] = "0" * 64
     torch.save(rebuilt, ckpt)

@@ -398,7 +398,10 @@ def set_rng_states(states):
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def load_resume(path, s, model_config, tok_sha):
+DATA_COUNTS = ("train_tokens", "val_tokens", "train_docs", "val_docs")  # with the tokenizer's SHA-256: which data a run read
+
+
+def load_resume(path, s, model_config, tok_sha, data_counts):
     """The checkpoint to continue, after checking it belongs to this run."""
     if not os.path.exists(path):
         raise ConfigError(f"--resume: no checkpoint at {path}")
@@ -414,6 +417,8 @@ def load_resume(path, s, model_config, tok_sha):
             raise ConfigError(f"--resume: {path} is not a train.py checkpoint (no {key!r})")
         if not isinstance(ckpt[key], kind):
             raise ConfigError(f"--resume: {path} is damaged ({key!r} is a {type(ckpt[key]).__name__}, not a {kind.__name__})")
+    if not isinstance(ckpt.get("data_counts", {}), dict):
+        raise ConfigError(f"--resume: {path} is damaged ('data_counts' is not a dict)")
     if not all(isinstance(m, dict) and {"type", "step"} <= set(m) for m in ckpt["metrics"]):
         raise ConfigError(f"--resume: {path} is damaged (its metrics are not train.py's records)")
     saved, now = ckpt["model_config"], asdict(model_config)
@@ -421,12 +426,18 @@ def load_resume(path, s, model_config, tok_sha):
         diff = ", ".join(f"{k}={saved.get(k)!r} there, {now.get(k)!r} here" for k in now if saved.get(k) != now[k])
         raise ConfigError(f"--resume: {path} is a different model ({diff}); use the same settings or another --out_dir")
     there = ckpt.get("data_dir", ckpt["train_config"].get("data_dir", ""))
+    same_data = ckpt.get("tokenizer_sha256") == tok_sha and ckpt.get("data_counts") == data_counts
     same = os.path.realpath(s["data_dir"]) == os.path.realpath(there) or s["data_dir"] == ckpt["train_config"].get("data_dir")
-    if not same:  # a moved project still resumes
+    if not same and not same_data:  # a moved project, or moved data, still resumes
         raise ConfigError(f"--resume: {path} was trained on the data in {there}, this run reads {s['data_dir']}; use the same data")
     if ckpt.get("tokenizer_sha256") not in (None, tok_sha):
         raise ConfigError(f"--resume: the tokenizer in {s['data_dir']} is not the one {path} was trained with (the data "
                           f"was prepared again); resume needs the same data")
+    if ckpt.get("data_counts") not in (None, data_counts):
+        diff = ", ".join(f"{k} {ckpt['data_counts'].get(k)} there, {data_counts[k]} here" for k in DATA_COUNTS
+                         if ckpt["data_counts"].get(k) != data_counts[k])
+        raise ConfigError(f"--resume: the data in {s['data_dir']} is not the data {path} was trained on ({diff}: it was "
+                          f"prepared again); resume needs the same data")
     must_match = ("seed", "total_batch_tokens", "target_flops", "target_tokens", "max_iters", "matrix_lr",
                   "embedding_lr", "unembedding_lr", "scalar_lr", "table_lr", "weight_decay", "warmup_iters",
                   "warmdown_frac", "final_lr_frac")
@@ -568,6 +579,7 @@ def run(argv):
     val = val_rows(load_tokens(s["data_dir"], "val"), T, s["eval_tokens"])
     token_bytes = load_token_bytes(s["data_dir"])
     tok_sha = tokenizer_sha256(s["data_dir"])  # recorded in the checkpoint: sample.py and eval.py check it
+    data_counts = {k: meta[k] for k in DATA_COUNTS}  # recorded too: a resume checks it reads the same data
     epoch_tokens = loader.rows_per_epoch() * T
     log(f"data: {s['data_dir']}: {meta['train_tokens']:,} train tokens, {loader.rows_per_epoch():,} rows of {T + 1} per epoch;"
         f" validation slice {len(val) * T + 1:,} tokens")  # rows overlap by one token
@@ -591,7 +603,7 @@ def run(argv):
     metrics_path = os.path.join(s["out_dir"], "metrics.jsonl")
     step, metrics = 0, []
     if s["resume"]:
-        ckpt = load_resume(ckpt_path, s, model_config, tok_sha)
+        ckpt = load_resume(ckpt_path, s, model_config, tok_sha, data_counts)
         try:
             model.load_state_dict(ckpt["model"])
             for opt, state in zip(optimizers, ckpt["optimizers"], strict=True):
@@ -628,8 +640,9 @@ def run(argv):
         try:
             with ctrl_c_after():  # an interrupted save would read as a failed write
                 model.save_checkpoint(ckpt_path, train_config=s, data_dir=os.path.abspath(s["data_dir"]),
-                                      tokenizer_sha256=tok_sha, step=step, optimizers=[o.state_dict() for o in optimizers],
-                                      loader=loader.state(), rng=rng_states(), metrics=metrics)
+                                      tokenizer_sha256=tok_sha, data_counts=data_counts, step=step,
+                                      optimizers=[o.state_dict() for o in optimizers], loader=loader.state(),
+                                      rng=rng_states(), metrics=metrics)
         except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
             kept = f"the last good checkpoint {ckpt_path} is kept" if os.path.exists(ckpt_path) else "no checkpoint was written"
             raise ConfigError(f"could not write the checkpoint at step {step} ({type(e).__name__}: "
