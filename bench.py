@@ -472,6 +472,7 @@ def coefficient_plot(paths, path):
         plt.close(fig)
         return False
     ax.axhline(0, color="gray", linewidth=0.8)
+    ax.xaxis.get_major_locator().set_params(integer=True)  # layers are whole numbers: no tick at 4.2
     save(fig, ax, path, "Fig 2: learned value coefficients at the end of training", "layer index", "coefficient value", fontsize=7)
     return True
 

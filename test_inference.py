@@ -402,7 +402,7 @@ def test_bench_config_overrides_and_quartiles():
     assert m["ratio_q1"] >= 0.9 and m["ratio_q3"] <= 1.1 and m["ratio"] == pytest.approx(1.0)
 
 
-def test_bench_plots_and_metrics(tmp_path, capsys):
+def test_bench_plots_and_metrics(tmp_path, capsys, monkeypatch):
     metrics = tmp_path / "bov" / "metrics.jsonl"
     metrics.parent.mkdir()
     metrics.write_text("\n".join(json.dumps(r) for r in [
@@ -434,6 +434,11 @@ def test_bench_plots_and_metrics(tmp_path, capsys):
     mixed.write_text(json.dumps({"type": "eval", "step": 0, "tokens": 0, "val_bpb": 3.0,
                                  "coefficients": {"4": {"gamma_v": 1.0}, "5": {"alpha_v": 1.0, "beta_v": 0.5}}}) + "\n")
     assert bench.coefficient_plot([str(mixed)], str(tmp_path / "mixed.png")) and (tmp_path / "mixed.png").exists()
+    import matplotlib.pyplot as plt  # the layer axis has whole-number ticks only
+    drawn = []
+    monkeypatch.setattr(bench, "save", lambda fig, ax, *a, **k: (drawn.append(list(ax.get_xticks())), plt.close(fig)))
+    assert bench.coefficient_plot([str(metrics)], str(tmp_path / "ticks.png"))
+    assert drawn and all(t == int(t) for t in drawn[0])
     (tmp_path / "bin.dat").write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(SystemExit) as e:
         bench.main(["--plot", "--plot_dir", str(tmp_path), str(tmp_path / "bin.dat")])
