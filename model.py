@@ -813,15 +813,25 @@ def out_of_memory(e):
         isinstance(e, ValueError) and "Maximum allowed dimension exceeded" in str(e))  # numpy: a size past 2^63 bytes
 
 
+def layer_list(layers):
+    """(16, 17, ..., 23) -> '16-23'; (1, 3, ..., 23) -> '1,3,...,23'; () -> '-'; else comma-separated."""
+    steps = {b - a for a, b in zip(layers, layers[1:])}
+    if len(layers) < 3 or len(steps) != 1:
+        return ",".join(map(str, layers)) or "-"
+    return f"{layers[0]}-{layers[-1]}" if steps == {1} else f"{layers[0]},{layers[1]},...,{layers[-1]}"
+
+
 def describe_presets(size):
     """One line per variant: target layers, parameters and FLOPs per token at this size."""
-    lines = [f"{'variant':<18} {'targets':<22} {'dense params':>13} {'table params':>13} {'FLOPs/token':>15}"]
+    rows = []
     for name in VARIANTS:
         cfg = GPTConfig.preset(size, name)
         m = GPT.meta(cfg)
         n = m.num_params()
-        targets = ",".join(map(str, cfg.target_layers())) or "-"
-        lines.append(f"{name:<18} {targets:<22} {n['dense']:>13,} {n['tables']:>13,} {m.estimate_flops():>15,}")
+        rows.append((name, layer_list(cfg.target_layers()), n["dense"], n["tables"], m.estimate_flops()))
+    w = max(len("targets"), *(len(r[1]) for r in rows))
+    lines = [f"{'variant':<18} {'targets':<{w}} {'dense params':>13} {'table params':>13} {'FLOPs/token':>15}"]
+    lines += [f"{name:<18} {t:<{w}} {d:>13,} {tb:>13,} {f:>15,}" for name, t, d, tb, f in rows]
     return "\n".join(lines)
 
 

@@ -470,6 +470,14 @@ def test_checkpoint_round_trip(tmp_path):
     assert "\n" not in str(e.value)
 
 
+def test_the_preset_listing_is_a_table():
+    from model import describe_presets, layer_list
+    assert [layer_list(t) for t in [(), (4, 5), tuple(range(16, 24)), tuple(range(1, 24, 2)), (0, 2, 3)]] == \
+        ["-", "4,5", "16-23", "1,3,...,23", "0,2,3"]
+    lines = describe_presets("paper_780m").splitlines()
+    assert len({len(line) for line in lines}) == 1 and len(lines) == len(VARIANTS) + 1  # columns line up
+
+
 def test_the_preset_listing_and_a_reader_that_leaves():
     """`python model.py` lists every variant; piped into a reader that has gone (`| head`), it stops quietly."""
     cmd, here = [sys.executable, "model.py", "--size", "cpu"], os.path.dirname(os.path.abspath(__file__))
