@@ -747,6 +747,7 @@ def prepare(config, out_dir, force=False):
             train_bpe_json(source, config["vocab_size"], config["tokenizer_chars"])
     state = load_state(out_dir, config, force)
     if state is not None and state["val_done"] and state["train_done"] and os.path.exists(os.path.join(out_dir, "meta.json")):
+        _remove(out_dir, ("progress.json",))  # left by a run killed between writing meta.json and removing it
         print(f"{out_dir} is already prepared ({state['train_tokens']:,} train / {state['val_tokens']:,} val tokens); nothing to do")
         return state
     source = source or new_source()

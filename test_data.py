@@ -398,10 +398,12 @@ def test_a_closed_or_full_stdout_is_one_line(tmp_path):
            "--out_dir", str(tmp_path / "data")]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as in a user's shell
     assert subprocess.run(cmd, cwd=HERE, capture_output=True, env=env).returncode == 0
+    (tmp_path / "data" / "progress.json").write_text("{}")  # as a kill between meta.json and its removal leaves it
     p = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     p.stdout.close()  # `| head` that has left: "already prepared" meets a closed pipe
     assert p.wait(timeout=60) == 1 and p.stderr.read() == ("prepare_data.py: stopped: the reader of stdout left; re-run "
                                                            "the same command to resume (or to see that it is done)\n")
+    assert not (tmp_path / "data" / "progress.json").exists()  # a finished folder's rerun clears the leftover
     with open("/dev/full", "w") as full:
         r = subprocess.run(cmd, cwd=HERE, stdout=full, stderr=subprocess.PIPE, text=True, env=env)
     assert r.returncode == 1 and r.stderr == "prepare_data.py: error: cannot write the output: No space left on device\n"
