@@ -58,7 +58,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from torch.utils.weak import WeakIdKeyDictionary
 
 from model import GPT, GPTConfig, SIZES, first_line, out_of_memory
-from prepare_data import out_dir_problem
+from prepare_data import out_dir_problem, silence_stdout
 from sample import check_device, resolve_dtype
 
 PAPER_BUDGETS = {"paper_135m": 1.5e18, "paper_780m": 3.91e19}  # training FLOPs of the paper's runs
@@ -698,14 +698,14 @@ def main(argv=None):
             sys.exit(f"bench.py: error: out of memory ({first_line(e)}); lower --decode_batch, --batch or the largest of --contexts")
         if not isinstance(e, (BenchError, ValueError, OSError)):
             raise
-        sys.exit(f"bench.py: error: {first_line(e, 1000)}")
+        sys.exit(f"bench.py: error: {first_line(e, None)}")
     try:
         if "speed" in r:
             print(json.dumps(r, indent=1) if args.json else report(r), flush=True)
         elif args.json:
             print(json.dumps({"plots": r["plots"]}, indent=1), flush=True)
-    except OSError as e:  # the reader left (`| head`: stop quietly), or a full disk; not again at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as e:  # the reader left (`| head`: stop quietly), or a full disk
+        silence_stdout()
         if not isinstance(e, BrokenPipeError):
             sys.exit(f"bench.py: error: cannot write the results: {e.strerror or e}")
     for path in r.get("plots", []):

@@ -52,8 +52,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from model import GPT
-from prepare_data import DataError, not_utf8, reachable, write_json
+from model import GPT, first_line, no_checkpoint
+from prepare_data import DataError, not_utf8, reachable, silence_stdout, write_json
 from sample import check_device, checkpoint_tokenizer
 
 EVAL_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
@@ -459,8 +459,7 @@ def main(argv=None):
     if args.max_per_task is not None and args.max_per_task < 1:
         p.error(f"--max_per_task must be at least 1, got {args.max_per_task}")
     if not os.path.isfile(args.ckpt):  # before the bundle, which may be a download
-        sys.exit(f"eval.py: error: {args.ckpt} is a folder; pass the checkpoint file in it, e.g. {os.path.join(args.ckpt, 'ckpt.pt')}"
-                 if os.path.isdir(args.ckpt) else f"eval.py: error: no checkpoint at {args.ckpt}; `python train.py` writes one")
+        sys.exit(f"eval.py: error: {no_checkpoint(args.ckpt)}")
     partial = bool(args.tasks) or args.max_per_task is not None
     out = os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "core_eval_partial.json" if partial else "core_eval.json")
     if os.path.isdir(out) or (os.path.isdir(os.path.dirname(out)) and not os.access(os.path.dirname(out), os.W_OK)):
@@ -476,22 +475,21 @@ def main(argv=None):
     except torch.OutOfMemoryError:
         sys.exit(f"eval.py: error: out of memory on {args.device}; lower --batch_size (now {args.batch_size})")
     except (EvalError, DataError, OSError, ValueError, RuntimeError) as e:
-        sys.exit(f"eval.py: error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
+        sys.exit(f"eval.py: error: {first_line(e, None)}")
     except KeyboardInterrupt:
         sys.exit("eval.py: interrupted")
     result["ckpt"] = os.path.abspath(args.ckpt)
+    table = format_table(result)
     try:  # the file first: a closed or full stdout must not lose the evaluation
         write_json(out, result)
     except OSError as e:
-        print(format_table(result))
+        print(table)
         sys.exit(f"eval.py: error: cannot write {out}: {e.strerror or e}")
-    table = format_table(result)
     try:
         print(table)
         print(f"wrote {out}", flush=True)
     except OSError as e:
-        with contextlib.suppress(OSError, ValueError):  # no second error when Python flushes stdout at exit
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        silence_stdout()
         sys.exit(f"eval.py: could not print the table ({e.strerror or e}); the results are in {out}")
 
 

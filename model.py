@@ -693,8 +693,7 @@ class GPT(nn.Module):
         """Load a train.py checkpoint -> (model in eval mode on `device`, checkpoint dict).
         Raises FileNotFoundError / ValueError with a one-line message for a missing or unreadable file."""
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path} is a folder; pass the checkpoint file in it, e.g. {os.path.join(path, 'ckpt.pt')}"
-                                    if os.path.isdir(path) else f"no checkpoint at {path}; `python train.py` writes one")
+            raise FileNotFoundError(no_checkpoint(path))
         try:
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # truncated, damaged, or not a torch file; never retried without weights_only
@@ -802,8 +801,23 @@ class GPT(nn.Module):
 # -----------------------------------------------------------------------------
 
 def first_line(e, limit=200):
-    """An exception's first non-empty line (or its type's name), cut to `limit` characters: for one-line errors."""
+    """An exception's first non-empty line (or its type's name), cut to `limit` characters (None: whole):
+    for one-line errors."""
     return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)[:limit]
+
+
+def no_checkpoint(path):
+    """Why there is no checkpoint file at path, in one line (a folder, or nothing)."""
+    if os.path.isdir(path):
+        return f"{path} is a folder; pass the checkpoint file in it, e.g. {os.path.join(path, 'ckpt.pt')}"
+    return f"no checkpoint at {path}; `python train.py` writes one"
+
+
+def compile_failed(e):
+    """Whether e comes from torch.compile (e.g. inductor finding no working C++ compiler). torch._dynamo is
+    looked up only if something already loaded it: otherwise e cannot be one of its errors."""
+    dynamo = sys.modules.get("torch._dynamo.exc")
+    return dynamo is not None and isinstance(e, dynamo.TorchDynamoException)
 
 
 def out_of_memory(e):

@@ -526,6 +526,13 @@ def lock_folder(folder, exclusive, busy):
     return f
 
 
+def silence_stdout():
+    """Point stdout at /dev/null once a write to it failed (its reader left, its disk is full), so that
+    Python's flush at exit does not fail, and print an error, a second time."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def out_dir_problem(path):
     """None when path is a writable folder (made if missing), else why not, in a few words
     (train.py's --out_dir and bench.py's --plot_dir, checked before any work)."""
@@ -856,8 +863,7 @@ def main(argv=None):
     except DataError as e:
         sys.exit(f"prepare_data.py: error: {e}")
     except OSError as e:  # the reader of stdout left (`| head`); an --out_dir that is a file, or not writable; a full disk
-        with contextlib.suppress(OSError, ValueError):  # if it was stdout, no second error when Python flushes it at exit
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        silence_stdout()  # if it was stdout
         if isinstance(e, BrokenPipeError):
             sys.exit("prepare_data.py: stopped: the reader of stdout left; re-run the same command to resume (or to see "
                      "that it is done)")

@@ -30,8 +30,8 @@ if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 
 
 import torch
 
-from model import GPT, first_line
-from prepare_data import DataError, load_tokenizer, tokenizer_sha256
+from model import GPT, compile_failed, first_line
+from prepare_data import DataError, load_tokenizer, silence_stdout, tokenizer_sha256
 
 SEPARATOR = "\n---------------\n"
 
@@ -219,7 +219,7 @@ def main(argv=None):
         model, tokenizer = load(args.ckpt, args.device, args.data_dir, args.offload_tables)
         ids = encode_prompt(tokenizer, read_prompt(args.start), model.config.block_size)
     except (SampleError, DataError, FileNotFoundError, ValueError) as e:
-        sys.exit(f"sample.py: error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
+        sys.exit(f"sample.py: error: {first_line(e, None)}")
     except KeyboardInterrupt:  # while loading the checkpoint
         sys.exit("sample.py: interrupted")
     cfg = model.config
@@ -246,12 +246,10 @@ def main(argv=None):
         sys.stdout.write("\n")
         print("sample.py: interrupted", file=sys.stderr)
     except OSError as e:  # the reader left (`python sample.py | head`: stop quietly, like cat), or a full disk
-        with contextlib.suppress(OSError, ValueError):  # no error again when Python flushes stdout at exit
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        silence_stdout()
         sys.exit(1 if isinstance(e, BrokenPipeError) else f"sample.py: error: cannot write the text: {e.strerror or e}")
     except Exception as e:
-        dynamo = sys.modules.get("torch._dynamo.exc")  # loaded only if --compile compiled something
-        if args.compile and dynamo and isinstance(e, dynamo.TorchDynamoException):  # e.g. no working C++ compiler
+        if args.compile and compile_failed(e):
             sys.exit(f"sample.py: error: torch.compile failed ({first_line(e)}); run without --compile")
         raise
     n_prompt, t_prefill, n_decode, t_decode = totals

@@ -32,9 +32,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from model import GPT, GPTConfig, SIZES, VARIANTS, first_line, out_of_memory
+from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory
 from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokens,
-                          lock_folder, out_dir_problem, tokenizer_sha256, write_json)
+                          lock_folder, out_dir_problem, silence_stdout, tokenizer_sha256, write_json)
 from sample import check_device
 
 # -----------------------------------------------------------------------------
@@ -762,18 +762,18 @@ if __name__ == "__main__":
         print(f"interrupted; {kept()}", file=sys.stderr)
         sys.exit(130)
     except BrokenPipeError:  # the reader of stdout left (`python train.py | head`): stop, like Ctrl-C, in one line
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
+        silence_stdout()
         print(f"stopped: the reader of stdout left; {kept()}", file=sys.stderr)
         sys.exit(1)
     except Exception as e:
         from eval import EvalError
-        if out_of_memory(e) or out_of_memory(e.__cause__):  # __cause__: an allocation that failed inside torch.compile
-            print(f"error: out of memory ({first_line(e.__cause__ if out_of_memory(e.__cause__) else e)}); lower --device_batch_size (the "
+        oom = next((x for x in (e, e.__cause__) if out_of_memory(x)), None)  # __cause__: inside torch.compile
+        if oom:
+            print(f"error: out of memory ({first_line(oom)}); lower --device_batch_size (the "
                   "accumulation steps keep --total_batch_tokens), --total_batch_tokens (a step's rows are read at once) "
                   "or the model size", file=sys.stderr)
             sys.exit(1)
-        dynamo = sys.modules.get("torch._dynamo.exc")  # loaded only if something was compiled
-        if dynamo and isinstance(e, dynamo.TorchDynamoException):  # e.g. no working C++ compiler for inductor
+        if compile_failed(e):
             print(f"error: torch.compile failed ({first_line(e)}); run with --compile=false", file=sys.stderr)
             sys.exit(1)
         if not isinstance(e, (ConfigError, DataError, EvalError, OSError)):
