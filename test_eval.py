@@ -493,7 +493,7 @@ def test_no_bundle_offline_is_one_clear_line_and_fast(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------- end to end
 
-def test_cli_end_to_end_on_a_tiny_real_model(tmp_path):
+def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys):
     import prepare_data as pd
     rng = random.Random(0)
     words = "question story case said it quietly long is abcd the answer yes no a b c".split()
@@ -542,17 +542,24 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path):
                                                                        f"on device); the results are in {tmp_path / 'run' / 'core_eval_partial.json'}")
     assert "Traceback" not in r.stderr and list(json.loads((tmp_path / "run" / "core_eval_partial.json").read_text())["tasks"]) == ["copa"]
     (tmp_path / "run" / "core_eval_partial.json").unlink()
+    # the error paths below exit the same way in-process (SystemExit), without a second torch import each
+    def refused(*args):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            ev.main(list(map(str, args)))
+        out, err = capsys.readouterr()
+        assert "CORE" not in out
+        return e.value.code, err
     (tmp_path / "run" / "core_eval_partial.json").mkdir()  # the results cannot be written: refused before evaluating
-    r = run_cli("--ckpt", ckpt, "--bundle", bundle, "--tasks", "copa")
-    assert r.returncode == 2 and f"cannot write the results to {tmp_path / 'run' / 'core_eval_partial.json'}" in r.stderr
-    assert "CORE" not in r.stdout
+    code, err = refused("--ckpt", ckpt, "--bundle", bundle, "--tasks", "copa")
+    assert code == 2 and f"cannot write the results to {tmp_path / 'run' / 'core_eval_partial.json'}" in err
     (tmp_path / "run" / "core_eval_partial.json").rmdir()
-    r = run_cli("--ckpt", tmp_path / "typo.pt", "--bundle", tmp_path / "nowhere")  # the checkpoint is checked first
-    assert r.returncode == 1 and r.stderr.strip() == f"eval.py: error: no checkpoint at {tmp_path / 'typo.pt'}; `python train.py` writes one"
-    r = run_cli("--ckpt", tmp_path / "run", "--bundle", bundle)  # the folder, not the file in it
-    assert r.returncode == 1 and r.stderr.strip() == f"eval.py: error: {tmp_path / 'run'} is a folder; pass the checkpoint file in it, e.g. {ckpt}"
-    r = run_cli("--ckpt", ckpt, "--bundle", bundle, "--max_per_task", 0)
-    assert r.returncode == 2 and "--max_per_task must be at least 1, got 0" in r.stderr
+    code, _ = refused("--ckpt", tmp_path / "typo.pt", "--bundle", tmp_path / "nowhere")  # the checkpoint is checked first
+    assert code == f"eval.py: error: no checkpoint at {tmp_path / 'typo.pt'}; `python train.py` writes one"
+    code, _ = refused("--ckpt", tmp_path / "run", "--bundle", bundle)  # the folder, not the file in it
+    assert code == f"eval.py: error: {tmp_path / 'run'} is a folder; pass the checkpoint file in it, e.g. {ckpt}"
+    code, err = refused("--ckpt", ckpt, "--bundle", bundle, "--max_per_task", 0)
+    assert code == 2 and "--max_per_task must be at least 1, got 0" in err
 
     # a checkpoint whose data folder is not here: one line naming --data_dir, which then works
     moved = tmp_path / "moved" / "ckpt.pt"
