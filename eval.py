@@ -396,15 +396,16 @@ def load_bundle(bundle_dir=None, tasks=None):
     return bundle, tasks, baselines, {label: load_task(bundle, label) for label in tasks}
 
 
-def evaluate_core(model, tokenizer, bundle_dir=None, tasks=None, max_per_task=None, device=None, batch_size=16):
+def evaluate_core(model, tokenizer, bundle_dir=None, tasks=None, max_per_task=None, device=None, batch_size=16, loaded=None):
     """Evaluate model (called as model(idx) -> (logits, _), with model.config.block_size) on the
-    CORE tasks (all 21 by default) of the bundle (None: the cached or downloaded one).
+    CORE tasks (all 21 by default) of the bundle (None: the cached or downloaded one), or on
+    `loaded`, what load_bundle returned (train.py reads the bundle before training, and only then).
     max_per_task evaluates the first N items of each task after a fixed shuffle. Returns
     {"core", "tasks": {label: {"accuracy", "centered", "random_baseline", "items", "shots", "kind"}},
      "max_per_task", "bundle"}; core is the mean centered accuracy of the tasks evaluated."""
     if max_per_task is not None and max_per_task < 1:
         raise EvalError(f"max_per_task must be at least 1, got {max_per_task}")
-    bundle, tasks, baselines, items = load_bundle(bundle_dir, tasks)
+    bundle, tasks, baselines, items = loaded or load_bundle(bundle_dir, tasks)
     if device is None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
     was_training = model.training
@@ -414,7 +415,7 @@ def evaluate_core(model, tokenizer, bundle_dir=None, tasks=None, max_per_task=No
         with tqdm(desc="CORE", unit="seq", leave=False) as bar:
             for label in tasks:
                 t0 = time.time()
-                data = items[label]
+                data = list(items[label])  # shuffled here, the loaded order kept for another call
                 random.Random(SUBSET_SEED).shuffle(data)
                 acc = evaluate_task(model, tokenizer, label, data, max_per_task, device, batch_size, bar)
                 r = baselines[label]

@@ -493,7 +493,7 @@ def test_no_bundle_offline_is_one_clear_line_and_fast(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------- end to end
 
-def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys):
+def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
     import prepare_data as pd
     rng = random.Random(0)
     words = "question story case said it quietly long is abcd the answer yes no a b c".split()
@@ -572,12 +572,22 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys):
     assert moved_out["tasks"]["copa"]["accuracy"] == out["tasks"]["copa"]["accuracy"]
 
     # train.py --core_eval saves what it prints, as eval.py would for its checkpoint
+    # a loaded bundle serves more than one evaluation: the same accuracies each time
+    loaded_bundle = ev.load_bundle(bundle)
+    for _ in range(2):
+        again = ev.evaluate_core(loaded, pd.load_tokenizer(str(data_dir)), batch_size=8, loaded=loaded_bundle)
+        assert {k: v["accuracy"] for k, v in again["tasks"].items()} == {k: v["accuracy"] for k, v in out["tasks"].items()}
+
+    # train.py --core_eval saves what it prints, as eval.py would for its checkpoint, reading each task file once
+    import train
+    reads = []
+    monkeypatch.setattr(ev, "load_task", lambda b, label, f=ev.load_task: reads.append(label) or f(b, label))
     run = tmp_path / "trained"
-    r = subprocess.run([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={run}", "--n_layer=2", "--n_embd=32",
-                        "--n_head=2", "--block_size=64", "--device_batch_size=4", "--total_batch_tokens=256", "--max_iters=2",
-                        "--eval_tokens=128", "--device=cpu", "--core_eval", f"--eval_bundle={bundle}"],
-                       cwd=HERE, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
+    capsys.readouterr()
+    train.main([f"--data_dir={data_dir}", f"--out_dir={run}", "--n_layer=2", "--n_embd=32", "--n_head=2", "--block_size=64",
+                "--device_batch_size=4", "--total_batch_tokens=256", "--max_iters=2", "--eval_tokens=128", "--device=cpu",
+                "--core_eval", f"--eval_bundle={bundle}"])
+    assert sorted(reads) == sorted(ev.TASKS)
     saved = json.loads((run / "core_eval.json").read_text())
-    assert f"CORE {saved['core']:.4f}; wrote {run / 'core_eval.json'}" in r.stdout
+    assert f"CORE {saved['core']:.4f}; wrote {run / 'core_eval.json'}" in capsys.readouterr().out
     assert list(saved["tasks"]) == list(ev.TASKS) and saved["ckpt"] == str(run / "ckpt.pt")

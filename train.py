@@ -563,7 +563,7 @@ def run(argv):
     if s["core_eval"] and master:  # the bundle and the tokenizer before training, not after it
         from eval import load_bundle
         from prepare_data import load_tokenizer
-        core_bundle, core_tokenizer = load_bundle(s["eval_bundle"] or None)[0], load_tokenizer(s["data_dir"])
+        core_bundle, core_tokenizer = load_bundle(s["eval_bundle"] or None), load_tokenizer(s["data_dir"])
     accum = s["total_batch_tokens"] // (s["device_batch_size"] * T * world)
     log(f"plan: {s['total_batch_tokens']:,} tokens/step = {s['device_batch_size']} x {T} tokens x {accum} accumulation x {world} ranks")
 
@@ -728,7 +728,7 @@ def run(argv):
             f"{(time.time() - t_start) / 60:.1f} min; checkpoint {ckpt_path}")
         if s["core_eval"]:
             from eval import evaluate_core
-            result = evaluate_core(model, core_tokenizer, core_bundle, device=dev)
+            result = evaluate_core(model, core_tokenizer, device=dev, loaded=core_bundle)
             result["ckpt"] = os.path.abspath(ckpt_path)
             core_path = os.path.join(s["out_dir"], "core_eval.json")  # what eval.py writes for the same checkpoint
             write_json(core_path, result)
