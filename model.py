@@ -385,6 +385,8 @@ class Attention(nn.Module):
         scores = (q * D ** -0.5) @ keys.transpose(-1, -2)                             # (B, H, 1, W)
         p = torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32))
         table = ctx.table(self.table)
+        if not torch.is_grad_enabled():  # a table that requires grad sends embedding_bag to its backward-ready kernel
+            table = table.detach()
         rows, bags = ctx.bag(start)                                                    # bag (b, h) = window of head h
         y = F.embedding_bag(rows, table.view(-1, D), bags, per_sample_weights=p.reshape(-1).to(table.dtype), mode="sum")
         (c,) = self.coefficients()

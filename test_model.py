@@ -198,6 +198,22 @@ def test_table_decode_steps_equal_the_full_forward(variant, offload, monkeypatch
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-6, atol=1e-6)
 
 
+def test_decode_without_grad_takes_the_forward_only_bag_kernel():
+    """Under no_grad the table step passes a detached table, so embedding_bag skips the bookkeeping of its
+    backward-ready kernel (which it picks for any weight that requires grad, grad mode or not)."""
+    from torch.profiler import profile
+    m = build(tiny("bov"))
+    idx = batch(m.config, B=1, T=8)
+    for grad, kernel in ((False, "aten::_embedding_bag_forward_only"), (True, "aten::_embedding_bag")):
+        cache = m.new_cache(1)
+        with torch.set_grad_enabled(grad):
+            m(idx[:, :7], cache=cache)
+            with profile() as prof:
+                m(idx[:, 7:], cache=cache)
+        names = [e.name for e in prof.events() if e.name.startswith("aten::_embedding_bag")]
+        assert names and set(names) == {kernel}, names
+
+
 @pytest.mark.parametrize("variant", ["baseline", "bov", "t1_r06", "t1_r13"])
 def test_chunked_prefill_equals_one_forward(variant):
     """Feeding 150 tokens as 100 + 1 + 49 through the cache gives the logits of one full forward."""
