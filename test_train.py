@@ -92,6 +92,22 @@ def test_budget_arithmetic():
     assert train.plan_iterations(s, 1) == 10
 
 
+def test_the_papers_data_holds_every_run_in_one_epoch():
+    """prepare_data.py --source=climbmix's default train tokens hold every 135M run of the README (the
+    paper's regime is one epoch) with room for the loader's padding; the README's 8.5e9 holds the 780M runs."""
+    from model import VARIANTS
+    from prepare_data import resolve_config
+    import prepare_data
+    config, _ = resolve_config(prepare_data.parse_args(["--source=climbmix"]))
+    s, _ = train.resolve_settings(["--size=paper_135m"])
+    most = max(train.plan_iterations(s, GPT.meta(GPTConfig.preset("paper_135m", v)).estimate_flops()) * s["total_batch_tokens"]
+               for v in VARIANTS)
+    assert most == 3989 * 524288 and most * 1.05 < config["train_tokens"]  # bov_every_layer: 2.09B tokens
+    s, _ = train.resolve_settings(["--size=paper_780m"])
+    for v in ("baseline", "bov"):
+        assert train.plan_iterations(s, GPT.meta(GPTConfig.preset("paper_780m", v)).estimate_flops()) * 2**20 < 8.5e9
+
+
 def test_the_780m_recipe_gives_table_6_rates():
     s, _ = train.resolve_settings(["--size=paper_780m", "--variant=bov"])
     model = GPT.meta(GPTConfig.preset("paper_780m", "bov"))

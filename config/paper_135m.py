@@ -1,6 +1,6 @@
 # The paper's 135M setting (its Section 3 and Table 6): 12 layers, d 768, 6 heads of 128, vocab 32768,
 # context 2048, SSSL windows; ClimbMix; 1.5e18 FLOPs = 3,766 steps of 524,288 tokens for the baseline.
-#   python prepare_data.py --source=climbmix             # 2e9 train + 41.9e6 val tokens, BPE 32768
+#   python prepare_data.py --source=climbmix             # 2.2e9 train + 41.9e6 val tokens, BPE 32768
 #   python train.py config/paper_135m.py --variant=bov   # or baseline, t1_r01 .. t1_r13, bov_shared_table, ...
 #   torchrun --standalone --nproc_per_node=4 train.py config/paper_135m.py --variant=bov
 size = "paper_135m"
