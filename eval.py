@@ -114,15 +114,16 @@ def bundle_problem(path):
     return None
 
 
-def get_bundle(path=None):
+def get_bundle(path=None, flag="--bundle"):
     """The bundle folder: `path` (or its eval_bundle/ subfolder), else the cache, downloaded
-    there first if need be (BOV_EVAL_BUNDLE_URL overrides the URL)."""
+    there first if need be (BOV_EVAL_BUNDLE_URL overrides the URL). `flag` is the option that
+    names a bundle in the caller's messages (train.py's is --eval_bundle)."""
     if path is not None:
         nested = os.path.join(path, "eval_bundle")
         if bundle_problem(path) and not bundle_problem(nested):
             return nested
         if bundle_problem(path):
-            raise EvalError(f"--bundle: {bundle_problem(path)}; expected an unzipped eval_bundle "
+            raise EvalError(f"{flag}: {bundle_problem(path)}; expected an unzipped eval_bundle "
                             f"(eval_meta_data.csv and eval_data/)")
         return path
     dest = cache_dir()
@@ -138,7 +139,7 @@ def get_bundle(path=None):
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise EvalError(f"BOV_EVAL_BUNDLE_URL={url!r} is not an http(s) URL")
-    download_bundle(url, dest)
+    download_bundle(url, dest, flag)
     return dest
 
 
@@ -148,19 +149,19 @@ def url_reachable(url, timeout=5.0):
     return reachable(u.hostname, u.port or (443 if u.scheme == "https" else 80), timeout)
 
 
-def download_bundle(url, dest):
+def download_bundle(url, dest, flag="--bundle"):
     """Download the zip and unpack it into dest. Both steps happen beside dest and end in one
     rename, so dest is either the whole bundle or absent."""
     if not url_reachable(url):
         raise EvalError(f"the CORE eval bundle is not in {dest} and {urllib.parse.urlsplit(url).hostname} "
-                        f"is unreachable; download {url} elsewhere, unzip it and pass --bundle path/to/eval_bundle")
+                        f"is unreachable; download {url} elsewhere, unzip it and pass {flag} path/to/eval_bundle")
     parent = os.path.dirname(dest)
     try:
         os.makedirs(parent, exist_ok=True)
         work = tempfile.mkdtemp(prefix=".eval_bundle.", dir=parent)
     except OSError as e:
         raise EvalError(f"cannot make the bundle cache {parent} ({e.strerror or e}); set XDG_CACHE_HOME to a writable "
-                        f"folder, or unzip the bundle anywhere and pass --bundle") from None
+                        f"folder, or unzip the bundle anywhere and pass {flag}") from None
     try:
         zpath = os.path.join(work, "eval_bundle.zip")
         try:
@@ -381,11 +382,11 @@ def check_tasks(tasks):
     return tasks
 
 
-def load_bundle(bundle_dir=None, tasks=None):
+def load_bundle(bundle_dir=None, tasks=None, flag="--bundle"):
     """(bundle folder, task labels, {label: random baseline}, {label: items}), every task file read and
     checked: what evaluate_core needs, and what train.py --core_eval checks before it trains."""
     tasks = check_tasks(tasks)
-    bundle = get_bundle(bundle_dir)
+    bundle = get_bundle(bundle_dir, flag)
     baselines = load_baselines(bundle)
     missing = [t for t in tasks if t not in baselines]
     if missing:

@@ -327,7 +327,7 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
         [*base[:-1], "--resume", "--max_iters=2"])
 
 
-def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path):
+def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path, monkeypatch):
     base = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", "--max_iters=2"]
 
     def error(args):
@@ -370,12 +370,17 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path):
     assert (s["max_iters"], s["target_flops"], s["compile"]) == (5, 0.0, "false")
     r = run_train([*base, "--core_eval", f"--eval_bundle={tmp_path / 'nowhere'}"])  # the bundle before training
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
-        f"error: --bundle: no folder {tmp_path / 'nowhere'}; expected an unzipped eval_bundle (eval_meta_data.csv and eval_data/)"]
+        f"error: --eval_bundle: no folder {tmp_path / 'nowhere'}; expected an unzipped eval_bundle (eval_meta_data.csv and eval_data/)"]
     assert "step 1/" not in r.stdout and not (tmp_path / "run" / "ckpt.pt").exists()
+    from eval import EvalError
+    from test_eval import closed_port_url  # no bundle and no network: the hint names train.py's own setting
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("BOV_EVAL_BUNDLE_URL", closed_port_url())
+    with pytest.raises(EvalError, match=r"is unreachable; .* pass --eval_bundle path/to/eval_bundle$"):
+        train.main([*base, "--core_eval"])
     partial = tmp_path / "partial_bundle"  # a bundle that lacks tasks: found before training too
     (partial / "eval_data").mkdir(parents=True)
     (partial / "eval_meta_data.csv").write_text("Eval Task,Random baseline\ncopa,50\n")
-    from eval import EvalError
     with pytest.raises(EvalError, match=f"^{partial}/eval_meta_data.csv has no random baseline for jeopardy, "):
         train.main([*base, "--core_eval", f"--eval_bundle={partial}"])
     assert not (tmp_path / "run" / "ckpt.pt").exists()

@@ -563,7 +563,7 @@ def run(argv):
     if s["core_eval"] and master:  # the bundle and the tokenizer before training, not after it
         from eval import load_bundle
         from prepare_data import load_tokenizer
-        core_bundle, core_tokenizer = load_bundle(s["eval_bundle"] or None), load_tokenizer(s["data_dir"])
+        core_bundle, core_tokenizer = load_bundle(s["eval_bundle"] or None, flag="--eval_bundle"), load_tokenizer(s["data_dir"])
     accum = s["total_batch_tokens"] // (s["device_batch_size"] * T * world)
     log(f"plan: {s['total_batch_tokens']:,} tokens/step = {s['device_batch_size']} x {T} tokens x {accum} accumulation x {world} ranks")
 
