@@ -526,6 +526,31 @@ def lock_folder(folder, exclusive, busy):
     return f
 
 
+def missing_top(path):
+    """The highest folder on the way to path that does not exist yet (the first that os.makedirs(path)
+    would make), or None when path exists."""
+    path, top = os.path.abspath(path), None
+    while not os.path.exists(path):
+        path, top = os.path.dirname(path), path
+    return top
+
+
+def remove_unused(folder, top):
+    """Undo the os.makedirs(folder) of a run that wrote nothing there but its lock file: remove the lock,
+    then folder and its parents up to top (see missing_top), each only while it is empty."""
+    if top is None:
+        return
+    folder = os.path.abspath(folder)
+    with contextlib.suppress(OSError):
+        if os.listdir(folder) == [LOCK]:
+            os.remove(os.path.join(folder, LOCK))
+        while True:
+            os.rmdir(folder)  # OSError when not empty: what is left there stays
+            if folder == top:
+                return
+            folder = os.path.dirname(folder)
+
+
 def silence_stdout():
     """Point stdout at /dev/null once a write to it failed (its reader left, its disk is full), so that
     Python's flush at exit does not fail, and print an error, a second time."""
@@ -855,8 +880,10 @@ documents only. Rerunning with the same arguments resumes an interrupted run or 
 
 def main(argv=None):
     args = parse_args(argv)
+    out_dir = top = None
     try:
         config, out_dir = resolve_config(args)
+        top = missing_top(out_dir)  # a folder this run makes, and removes if it fails before writing to it
         prepare(config, out_dir, args.force)
         if sys.stdout is not None:
             sys.stdout.flush()  # a closed pipe is found here, not while Python exits
@@ -871,6 +898,9 @@ def main(argv=None):
         sys.exit(f"prepare_data.py: error: cannot write {e.filename or 'the output'}: {why}")
     except KeyboardInterrupt:
         sys.exit("prepare_data.py: interrupted; re-run the same command to resume")
+    finally:
+        if out_dir is not None:
+            remove_unused(out_dir, top)
 
 
 if __name__ == "__main__":

@@ -423,6 +423,10 @@ def test_force_deletes_nothing_when_the_new_source_is_bad(tmp_path):
     assert "only supports" in prep("--source", "files:" + pattern, "--vocab_size", 200000, "--val_tokens", 500, "--force",
                                    "--out_dir", out)
     assert snapshot(out) == before
+    # a new folder (parents included) that a failed run made goes again: no folder holding only a lock file
+    assert "only supports" in prep("--source", "files:" + pattern, "--vocab_size", 200000, "--val_tokens", 500,
+                                   "--out_dir", tmp_path / "new" / "data")
+    assert not (tmp_path / "new").exists()
     # an --out_dir that is a file is refused before a tokenizer is trained for it
     (tmp_path / "a_file").write_text("")
     assert prep("--source", "files:" + pattern, "--vocab_size", 200000, "--force", "--out_dir", tmp_path / "a_file") == \

@@ -179,6 +179,9 @@ def test_bits_per_byte_against_the_formula():
 
 def test_training_lowers_the_loss_and_logs_coefficients(data_dir, tmp_path, capsys, monkeypatch):
     out = str(tmp_path / "run")
+    os.makedirs(out)  # metrics of a run here that saved no checkpoint (older code left them): not mixed in
+    with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+        f.write(json.dumps({"type": "eval", "step": 0, "val_bpb": 9.9}) + "\n")
     monkeypatch.chdir(os.path.dirname(data_dir))  # a relative --data_dir; the checkpoint records it absolute
     train.main([*TINY, f"--data_dir={os.path.basename(data_dir)}", f"--out_dir={out}", "--max_iters=30",
                 "--eval_interval=10", "--variant=t1_r13"])
@@ -260,7 +263,9 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     assert "unknown variant" in error([*base, "--variant=bovv"])
     assert "give one budget" in error([*base, "--target_flops=1e12"])
     assert "no prepared data" in error([*TINY, "--data_dir=/nonexistent", "--max_iters=2"])
-    assert "--resume: no checkpoint" in error([*base, "--resume"])
+    nested = tmp_path / "new" / "deep" / "run"  # a folder that a failed run made goes again, parents included
+    assert "--resume: no checkpoint" in error([*TINY, f"--data_dir={data_dir}", f"--out_dir={nested}", "--max_iters=2", "--resume"])
+    assert not (tmp_path / "new").exists()
     assert "larger than the data's uint16" in error([*base, "--vocab_size=70000"])
     assert "smaller than the data's vocabulary" in error([*base, "--vocab_size=100"])
     assert "layer 0 produces V1" in error([*base, "--variant=svformer", "--bov_layers=0,1"])
@@ -415,6 +420,7 @@ def test_help_and_ctrl_c_are_not_tracebacks(data_dir, tmp_path):
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and "Traceback" not in err
     assert err.strip().splitlines() == ["interrupted; no checkpoint was written yet (the first comes at step eval_interval)"]
+    assert not (tmp_path / "run").exists()  # nothing was saved: no folder, no empty metrics.jsonl for --plot to trip on
     p = subprocess.Popen([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run2'}",
                           "--max_iters=100000", "--eval_interval=2"], cwd=HERE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)

@@ -34,7 +34,8 @@ import torch.distributed as dist
 
 from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory
 from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokens,
-                          lock_folder, out_dir_problem, silence_stdout, tokenizer_sha256, write_json)
+                          lock_folder, missing_top, out_dir_problem, remove_unused, silence_stdout, tokenizer_sha256,
+                          write_json)
 from sample import check_device
 
 # -----------------------------------------------------------------------------
@@ -92,7 +93,7 @@ PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 per 
 
 EPOCH_ADVICE = ("the paper's regime is a single epoch and BoV's tables memorise repeated data (gamma_v grows). "
                 "Lower the budget or prepare more data.")
-RUN = {"ckpt": None}  # this process's checkpoint path, for the Ctrl-C message, and the folder locks it holds
+RUN = {"ckpt": None}  # this process's checkpoint path (for the Ctrl-C message), the folder locks it holds, the out_dir it made
 
 
 class ConfigError(Exception):
@@ -514,6 +515,8 @@ def main(argv):
         for key in ("out_lock", "data_lock"):
             if RUN.get(key):
                 RUN.pop(key).close()
+        if RUN.get("made"):  # a run that ended before its first checkpoint leaves no folder behind
+            remove_unused(*RUN.pop("made"))
 
 
 def run(argv):
@@ -557,6 +560,8 @@ def run(argv):
                 f"({meta['train_tokens']:,} train tokens); {EPOCH_ADVICE}")
         return None
     dev, rank, world, ddp = setup_device(s)
+    if master:
+        RUN["made"] = (s["out_dir"], missing_top(s["out_dir"]))
     problem = out_dir_problem(s["out_dir"])
     if problem:
         raise ConfigError(f"--out_dir {s['out_dir']} {problem}")
@@ -619,9 +624,10 @@ def run(argv):
         del ckpt
     elif os.path.exists(ckpt_path):
         raise ConfigError(f"{ckpt_path} exists; pass --resume to continue that run, or choose another --out_dir")
-    if master:
-        os.makedirs(s["out_dir"], exist_ok=True)
+    if master and s["resume"]:  # the checkpoint's metrics, without any logged after it
         write_jsonl(metrics_path, metrics)
+    elif master and os.path.exists(metrics_path):  # left by a run that saved no checkpoint: they belong to no model
+        os.remove(metrics_path)
 
     use_cuda = dev.type == "cuda"
     if use_cuda:
