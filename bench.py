@@ -577,16 +577,20 @@ def report(r):
 # -----------------------------------------------------------------------------
 
 def parse_overrides(text):
-    """'n_embd=48,n_head=4,shared_table=true' -> {'n_embd': 48, 'n_head': 4, 'shared_table': True}
-    (ints, true/false, else strings)"""
-    out = {}
+    """'n_embd=48,n_head=4,shared_table=true,bov_layers=4,5' -> {'n_embd': 48, 'n_head': 4, 'shared_table': True,
+    'bov_layers': '4,5'} (ints, true/false, else strings; GPTConfig reads the layer list)"""
+    out, key = {}, None
     for item in filter(None, (t.strip() for t in (text or "").split(","))):
+        if "=" not in item and key == "bov_layers":  # 'bov_layers=4,5': the layer list goes on
+            out[key] += "," + item
+            continue
         key, eq, value = item.partition("=")
-        if not eq or not key.strip():
+        key = key.strip()
+        if not eq or not key:
             raise BenchError(f"--config takes key=value pairs separated by commas, got {item!r}")
         value = value.strip()
         bools = {"true": True, "false": False}
-        out[key.strip()] = int(value) if value.lstrip("-").isdigit() else bools.get(value.lower(), value)
+        out[key] = value if key == "bov_layers" else int(value) if value.lstrip("-").isdigit() else bools.get(value.lower(), value)
     return out
 
 
@@ -599,7 +603,7 @@ def parse_args(argv=None):
     p.add_argument("--variants", nargs=2, default=["baseline", "bov"], metavar=("A", "B"), help="the two presets (default: baseline bov)")
     p.add_argument("--size", choices=list(SIZES), default="paper_135m" if cuda else "cpu",
                    help="size of the measured models (default: cpu on a CPU, paper_135m on a GPU)")
-    p.add_argument("--config", help="GPTConfig overrides of the measured size, e.g. n_layer=6,n_embd=48,vocab_size=97")
+    p.add_argument("--config", help="GPTConfig overrides of the measured size, e.g. n_layer=6,n_embd=48,vocab_size=97,bov_layers=4,5")
     p.add_argument("--contexts", default="128,1024,4096", help="decode contexts, comma-separated (default 128,1024,4096)")
     p.add_argument("--steps", type=int, help="decode steps timed at each context (default 32; --quick 4)")
     p.add_argument("--rounds", type=int, help="interleaved A B rounds after the warm-up (default 7; --quick 1)")

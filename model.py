@@ -50,8 +50,12 @@ class GPTConfig:
     shared_table: bool = False   # one E_v for all target layers instead of one per layer (Fig 5b ablation)
 
     def __post_init__(self):
-        if isinstance(self.bov_layers, list):
-            self.bov_layers = tuple(self.bov_layers)
+        spec = self.bov_layers
+        if isinstance(spec, str) and spec.replace(",", "").replace(" ", "").isdigit():  # "4,5" from a command line
+            spec = tuple(int(i) for i in spec.split(","))
+        elif isinstance(spec, int) and not isinstance(spec, bool):  # one layer
+            spec = (spec,)
+        self.bov_layers = tuple(spec) if isinstance(spec, list) else spec
         self.validate()
 
     # -- named presets --------------------------------------------------------

@@ -396,6 +396,10 @@ def test_bench_decode_steps_take_turns():
 def test_bench_config_overrides_and_quartiles():
     assert bench.parse_overrides("n_head=4, shared_table=false,value_mix=add,x=True") == dict(
         n_head=4, shared_table=False, value_mix="add", x=True)
+    assert bench.parse_overrides("bov_layers=4,5,n_layer=6") == dict(bov_layers="4,5", n_layer=6)  # a layer list
+    assert GPTConfig.preset("cpu", "bov", **bench.parse_overrides("n_layer=6,bov_layers=3")).target_layers() == (3,)
+    with pytest.raises(bench.BenchError, match="key=value pairs separated by commas, got '5'"):
+        bench.parse_overrides("n_layer=6,5")
     with pytest.raises(ValueError, match="shared_table must be True or False"):
         GPTConfig.preset("cpu", "bov", shared_table="False")  # a non-empty string must not count as True
     m = bench.paired([1.0, 1.0], [0.9, 1.1])  # two rounds: the quartiles stay within the data

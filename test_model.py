@@ -77,6 +77,9 @@ def test_target_layer_sets():
     # a V1 source never targets layer 0: it produces V1
     assert GPTConfig.preset("paper_135m", "svformer").target_layers() == tuple(range(1, 12))
     assert GPTConfig.preset("paper_135m", "baseline", bov_layers=[9, 11]).target_layers() == (9, 11)
+    # a command line's "9, 11" and a single index read the same way
+    assert GPTConfig.preset("paper_135m", "baseline", bov_layers="9, 11").bov_layers == (9, 11)
+    assert GPTConfig.preset("paper_135m", "baseline", bov_layers=11).bov_layers == (11,)
     assert GPTConfig.preset("paper_135m", "baseline").target_layers() == ()
 
 

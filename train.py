@@ -104,8 +104,8 @@ class ConfigError(Exception):
 # settings
 
 def _parse_value(key, text, like):
-    if key == "bov_layers":
-        return text if text in ("last_third", "every_other", "all", "none") else tuple(int(i) for i in text.split(","))
+    if key == "bov_layers":  # a name or "4,5": GPTConfig reads both, and says what else it takes
+        return text
     if isinstance(like, bool):
         if text.lower() in ("1", "true", "yes", "on", ""):
             return True
