@@ -861,9 +861,13 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="List the model presets (sizes x variants) with parameters and FLOPs/token.")
     ap.add_argument("--size", default="paper_135m", choices=list(SIZES))
     args = ap.parse_args()
-    text = (f"sizes: {', '.join(SIZES)}\nvariants: {', '.join(VARIANTS)}\n\n"
-            f"at size {args.size} ({', '.join(f'{k}={v}' for k, v in SIZES[args.size].items())}):\n"
-            f"{describe_presets(args.size)}")
+    try:
+        text = (f"sizes: {', '.join(SIZES)}\nvariants: {', '.join(VARIANTS)}\n\n"
+                f"at size {args.size} ({', '.join(f'{k}={v}' for k, v in SIZES[args.size].items())}):\n"
+                f"{describe_presets(args.size)}")
+    except KeyboardInterrupt:
+        print("model.py: interrupted", file=sys.stderr)
+        sys.exit(130)
     try:
         print(text, flush=True)
     except OSError as e:  # the reader left (`python model.py | head`: stop quietly), or a full disk; not again at exit

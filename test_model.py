@@ -514,6 +514,13 @@ def test_the_preset_listing_and_a_reader_that_leaves(monkeypatch, capsys):
     runpy.run_path(os.path.join(here, "model.py"), run_name="__main__")  # in-process: one torch import fewer
     out, err = capsys.readouterr()
     assert err == "" and out.startswith("sizes: ") and all(f"\n{name} " in out for name in VARIANTS)
+    def ctrl_c(*_):  # Ctrl-C while the listing's models are built (inside torch)
+        raise KeyboardInterrupt
+    with monkeypatch.context() as m:
+        m.setattr(torch.nn.Linear, "reset_parameters", ctrl_c)
+        with pytest.raises(SystemExit) as e:
+            runpy.run_path(os.path.join(here, "model.py"), run_name="__main__")
+    assert e.value.code == 130 and capsys.readouterr() == ("", "model.py: interrupted\n")
     p = subprocess.Popen(cmd, cwd=here, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     p.stdout.close()  # the reader leaves before anything is written
     err = p.stderr.read()
