@@ -5,6 +5,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -203,6 +204,8 @@ def test_resume_after_sigkill_is_bit_exact(data_dir, tmp_path, capsys):
     args = [*TINY, f"--data_dir={data_dir}", "--max_iters=60", "--eval_interval=2"]
     full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
     train.main([*args, f"--out_dir={full}"])
+    logged = lambda out: dict(re.findall(r"^step (\d+)/60 \| loss ([\d.]+)", out, re.M))  # step -> smoothed loss
+    full_log = logged(capsys.readouterr().out)
     proc = subprocess.Popen([sys.executable, "train.py", *args, f"--out_dir={cut}"], cwd=HERE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ckpt = os.path.join(cut, "ckpt.pt")
@@ -215,7 +218,10 @@ def test_resume_after_sigkill_is_bit_exact(data_dir, tmp_path, capsys):
     assert killed_at < 60, "the run finished before it could be killed"
     capsys.readouterr()
     train.main([*args, f"--out_dir={cut}", "--resume"])
-    assert f"resumed {ckpt} at step {killed_at}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"resumed {ckpt} at step {killed_at}" in out
+    cut_log = logged(out)  # the console's smoothed loss goes on as if never stopped
+    assert cut_log and cut_log == {k: v for k, v in full_log.items() if int(k) > killed_at}
     a = torch.load(os.path.join(full, "ckpt.pt"), weights_only=True)
     b = torch.load(ckpt, weights_only=True)
     assert a["step"] == b["step"] == 60
@@ -303,7 +309,8 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
                             (torch.zeros(3), "is not a train.py checkpoint (it holds 'Tensor', not a dict)"),
                             ({**good, "model_config": None}, "is damaged ('model_config' is a NoneType, not a dict)"),
                             ({**good, "train_config": [1]}, "is damaged ('train_config' is a list, not a dict)"),
-                            ({**good, "metrics": [{"x": 1}]}, "is damaged (its metrics are not train.py's records)")]:
+                            ({**good, "metrics": [{"x": 1}]}, "is damaged (its metrics are not train.py's records)"),
+                            ({**good, "smooth_loss": "4.2"}, "is damaged ('smooth_loss' is not a float)")]:
         torch.save(saved, ckpt)
         assert f"--resume: {ckpt} {expected}" == error([*base, "--resume"])
     # the data folder is compared as a folder: the same data by another path resumes, other data does not

@@ -420,6 +420,8 @@ def load_resume(path, s, model_config, tok_sha, data_counts):
             raise ConfigError(f"--resume: {path} is damaged ({key!r} is a {type(ckpt[key]).__name__}, not a {kind.__name__})")
     if not isinstance(ckpt.get("data_counts", {}), dict):
         raise ConfigError(f"--resume: {path} is damaged ('data_counts' is not a dict)")
+    if not isinstance(ckpt.get("smooth_loss", 0.0), float):
+        raise ConfigError(f"--resume: {path} is damaged ('smooth_loss' is not a float)")
     if not all(isinstance(m, dict) and {"type", "step"} <= set(m) for m in ckpt["metrics"]):
         raise ConfigError(f"--resume: {path} is damaged (its metrics are not train.py's records)")
     saved, now = ckpt["model_config"], asdict(model_config)
@@ -606,7 +608,7 @@ def run(argv):
         for stale in glob.glob(glob.escape(ckpt_path) + ".tmp*"):  # half a save by a killed run: no one else writes here
             os.remove(stale)
     metrics_path = os.path.join(s["out_dir"], "metrics.jsonl")
-    step, metrics = 0, []
+    step, metrics, smooth, smooth_from = 0, [], 0.0, 0  # the logged loss: a debiased moving average from step smooth_from
     if s["resume"]:
         ckpt = load_resume(ckpt_path, s, model_config, tok_sha, data_counts)
         try:
@@ -616,6 +618,7 @@ def run(argv):
             loader.load_state(ckpt["loader"])
             set_rng_states(ckpt["rng"])
             step, metrics = int(ckpt["step"]), list(ckpt["metrics"])
+            smooth, smooth_from = ckpt.get("smooth_loss", 0.0), (0 if "smooth_loss" in ckpt else step)  # the same log lines
         except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
             raise ConfigError(f"--resume: {ckpt_path} is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
         if not 0 <= step <= iters:
@@ -648,7 +651,7 @@ def run(argv):
                 model.save_checkpoint(ckpt_path, train_config=s, data_dir=os.path.abspath(s["data_dir"]),
                                       tokenizer_sha256=tok_sha, data_counts=data_counts, step=step,
                                       optimizers=[o.state_dict() for o in optimizers], loader=loader.state(),
-                                      rng=rng_states(), metrics=metrics)
+                                      rng=rng_states(), metrics=metrics, smooth_loss=smooth)
         except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
             kept = f"the last good checkpoint {ckpt_path} is kept" if os.path.exists(ckpt_path) else "no checkpoint was written"
             raise ConfigError(f"could not write the checkpoint at step {step} ({type(e).__name__}: "
@@ -676,7 +679,7 @@ def run(argv):
             raise ConfigError(f"{what} is {value} at step {step}; stopping ({kept}). Try a lower learning rate.")
 
     # the loop
-    smooth, t_start, t_last = 0.0, time.time(), time.time()
+    t_start = t_last = time.time()
     start_step = step
     while True:
         last = step == iters
@@ -724,7 +727,7 @@ def run(argv):
             tok_s = s["total_batch_tokens"] / dt
             mfu = f" | mfu {100 * flops_per_token * tok_s / (peak * world):.1f}%" if peak else ""
             eta = (now - t_start) / (step - start_step) * (iters - step)
-            log(f"step {step}/{iters} | loss {smooth / (1 - 0.9 ** (step - start_step)):.4f} | lrm {lrm:.2f} | "
+            log(f"step {step}/{iters} | loss {smooth / (1 - 0.9 ** (step - smooth_from)):.4f} | lrm {lrm:.2f} | "
                 f"dt {dt * 1000:.0f} ms | tok/s {tok_s:,.0f}{mfu} | eta {eta / 60:.1f}m")
             metrics.append({"type": "train", "step": step, "tokens": step * s["total_batch_tokens"], "loss": loss_val, "lrm": lrm})
 
