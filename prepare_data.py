@@ -874,7 +874,7 @@ documents only. Rerunning with the same arguments resumes an interrupted run or 
     p.add_argument("--train_tokens", type=_count, help="stop after this many train tokens (default: climbmix 2.2e9, one epoch for every 135M run; else all)")
     p.add_argument("--val_tokens", type=_count, help="validation tokens (default: climbmix 41.9e6, else 1e6)")
     p.add_argument("--shard_tokens", type=_count, default=100_000_000, help="tokens per shard (default 1e8)")
-    p.add_argument("--force", action="store_true", help="delete what out_dir holds and prepare it from scratch")
+    p.add_argument("--force", action="store_true", help=f"prepare out_dir from scratch, replacing the files this tool writes there ({', '.join(OUR_FILES)}); other files stay")
     return p.parse_args(argv)
 
 

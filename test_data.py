@@ -488,6 +488,8 @@ def test_more_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
     assert prep("--source", "files:" + pattern, *args, "--out_dir", out) is None
     assert "starting over" in capsys.readouterr().out
     assert (out / "notes.tmp").read_text() == "the user's own file" and len(pd.load_token_bytes(out)) == 300
+    assert prep("--source", "files:" + pattern, *args, "--force", "--out_dir", out) is None  # as --help says: ours only
+    assert (out / "notes.tmp").read_text() == "the user's own file"
     # a state file from elsewhere: an unknown key, a list
     meta = json.loads((out / "meta.json").read_text())
     meta["config"]["extra"] = 1
