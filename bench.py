@@ -34,7 +34,7 @@ What it reports, per preset A and B and as the ratio B/A:
                of the per-round ratios with their quartiles: read the ratio, which pairs A and B run
                side by side; the two medians come from different rounds and may disagree with it.
 The decode model has block_size = the largest context (the "cpu" size trains at 256), so its
-sliding windows are a quarter of that; the train step uses the preset's own block_size.
+sliding windows are a quarter of that, rounded up to 128; the train step uses the preset's own block_size.
 """
 
 import argparse

@@ -406,6 +406,8 @@ def evaluate_core(model, tokenizer, bundle_dir=None, tasks=None, max_per_task=No
      "max_per_task", "bundle"}; core is the mean centered accuracy of the tasks evaluated."""
     if max_per_task is not None and max_per_task < 1:
         raise EvalError(f"max_per_task must be at least 1, got {max_per_task}")
+    if loaded and (bundle_dir is not None or tasks is not None):
+        raise ValueError("loaded already holds the bundle and its tasks: pass bundle_dir and tasks to load_bundle")
     bundle, tasks, baselines, items = loaded or load_bundle(bundle_dir, tasks)
     if device is None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))

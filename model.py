@@ -20,6 +20,7 @@ Run `python model.py` to list the presets with their parameters and FLOPs.
 
 import math
 import os
+import re
 import signal
 import sys
 from dataclasses import asdict, dataclass, field, fields
@@ -51,7 +52,7 @@ class GPTConfig:
 
     def __post_init__(self):
         spec = self.bov_layers
-        if isinstance(spec, str) and spec.replace(",", "").replace(" ", "").isdigit():  # "4,5" from a command line
+        if isinstance(spec, str) and re.fullmatch(r"\s*\d+(\s*,\s*\d+)*\s*", spec):  # "4,5" from a command line
             spec = tuple(int(i) for i in spec.split(","))
         elif isinstance(spec, int) and not isinstance(spec, bool):  # one layer
             spec = (spec,)

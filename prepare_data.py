@@ -764,14 +764,17 @@ def load_state(out_dir, config, force):
     return state
 
 
-def prepare(config, out_dir, force=False):
-    """Prepare out_dir for config (see resolve_config); returns the meta dict."""
+def prepare(config, out_dir, force=False, held=None):
+    """Prepare out_dir for config (see resolve_config); returns the meta dict. `held`, a dict, receives the
+    open lock file ("lock") and, when this run made out_dir, what it made ("made", see missing_top)."""
+    held = {} if held is None else held
     t_start = time.time()
     new_source = lambda: Source(config["source"], config["column"], config["hf_split"])  # fails fast when offline
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):  # before any work
         raise DataError(f"--out_dir {out_dir} is a file, not a folder")
     busy = f"{out_dir} is in use: another prepare_data.py is writing it, or a train.py is reading it; wait for it to end"
-    held = lock_folder(out_dir, True, busy) if os.path.isdir(out_dir) else None  # held until prepare() returns
+    if os.path.isdir(out_dir):  # held until the caller closes it, or this process ends
+        held["lock"] = lock_folder(out_dir, True, busy)
     source = tok = None
     if force:  # --force deletes nothing before the new source is found and its tokenizer made
         source = new_source()
@@ -785,9 +788,11 @@ def prepare(config, out_dir, force=False):
     source = source or new_source()
     if config["tokenizer"] == "gpt2" and state is None and tok is None:
         tok = gpt2_tokenizer_json()
-    if held is None:  # a new folder, made once the source is found
+    if "lock" not in held:  # a new folder, made once the source is found
+        made = missing_top(out_dir)
         os.makedirs(out_dir, exist_ok=True)
-        held = lock_folder(out_dir, True, busy)
+        held["lock"] = lock_folder(out_dir, True, busy)
+        held["made"] = made  # ours once locked: a run refused here never removes the winner's folder
     if state is not None:  # resuming, or repairing a damaged shard: meta.json goes until it is true again
         write_json(os.path.join(out_dir, "progress.json"), state)
     _remove(out_dir, OUR_TEMPS + ("meta.json",))
@@ -833,7 +838,8 @@ def prepare(config, out_dir, force=False):
     state = dict(meta, **state)  # the rest of the state (shard lists, config) follows the summary
     write_json(os.path.join(out_dir, "meta.json"), state)
     os.remove(os.path.join(out_dir, "progress.json"))
-    del held
+    held.pop("made", None)  # written: nothing to undo
+    held.pop("lock").close()
     speed = f", encoded {nbytes / 1e6:.1f} MB at {nbytes / 1e6 / seconds:.1f} MB/s" if seconds > 0 else ""
     print(f"prepared {out_dir}: {state['train_tokens']:,} train tokens ({state['train_docs']:,} docs), "
           f"{state['val_tokens']:,} val tokens ({state['val_docs']:,} docs) in {time.time() - t_start:.1f}s{speed}")
@@ -880,11 +886,10 @@ documents only. Rerunning with the same arguments resumes an interrupted run or 
 
 def main(argv=None):
     args = parse_args(argv)
-    out_dir = top = None
+    held = {}
     try:
         config, out_dir = resolve_config(args)
-        top = missing_top(out_dir)  # a folder this run makes, and removes if it fails before writing to it
-        prepare(config, out_dir, args.force)
+        prepare(config, out_dir, args.force, held)
         if sys.stdout is not None:
             sys.stdout.flush()  # a closed pipe is found here, not while Python exits
     except DataError as e:
@@ -899,8 +904,10 @@ def main(argv=None):
     except KeyboardInterrupt:
         sys.exit("prepare_data.py: interrupted; re-run the same command to resume")
     finally:
-        if out_dir is not None:
-            remove_unused(out_dir, top)
+        if held.get("made"):  # a folder this run made, and failed before writing to: removed under its lock
+            remove_unused(out_dir, held["made"])
+        if held.get("lock"):
+            held["lock"].close()
 
 
 if __name__ == "__main__":

@@ -554,10 +554,10 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
     code, err = refused("--ckpt", ckpt, "--bundle", bundle, "--tasks", "copa")
     assert code == 2 and f"cannot write the results to {tmp_path / 'run' / 'core_eval_partial.json'}" in err
     (tmp_path / "run" / "core_eval_partial.json").rmdir()
-    code, _ = refused("--ckpt", tmp_path / "typo.pt", "--bundle", tmp_path / "nowhere")  # the checkpoint is checked first
-    assert code == f"eval.py: error: no checkpoint at {tmp_path / 'typo.pt'}; `python train.py` writes one"
-    code, _ = refused("--ckpt", tmp_path / "run", "--bundle", bundle)  # the folder, not the file in it
-    assert code == f"eval.py: error: {tmp_path / 'run'} is a folder; pass the checkpoint file in it, e.g. {ckpt}"
+    code, err = refused("--ckpt", tmp_path / "typo.pt", "--bundle", tmp_path / "nowhere")  # the checkpoint is checked first
+    assert code == f"eval.py: error: no checkpoint at {tmp_path / 'typo.pt'}; `python train.py` writes one" and err == ""
+    code, err = refused("--ckpt", tmp_path / "run", "--bundle", bundle)  # the folder, not the file in it
+    assert code == f"eval.py: error: {tmp_path / 'run'} is a folder; pass the checkpoint file in it, e.g. {ckpt}" and err == ""
     code, err = refused("--ckpt", ckpt, "--bundle", bundle, "--max_per_task", 0)
     assert code == 2 and "--max_per_task must be at least 1, got 0" in err
 
@@ -574,6 +574,8 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
     # train.py --core_eval saves what it prints, as eval.py would for its checkpoint
     # a loaded bundle serves more than one evaluation: the same accuracies each time
     loaded_bundle = ev.load_bundle(bundle)
+    with pytest.raises(ValueError, match="^loaded already holds the bundle and its tasks"):  # not silently ignored
+        ev.evaluate_core(loaded, pd.load_tokenizer(str(data_dir)), tasks=["copa"], loaded=loaded_bundle)
     for _ in range(2):
         again = ev.evaluate_core(loaded, pd.load_tokenizer(str(data_dir)), batch_size=8, loaded=loaded_bundle)
         assert {k: v["accuracy"] for k, v in again["tasks"].items()} == {k: v["accuracy"] for k, v in out["tasks"].items()}

@@ -80,6 +80,9 @@ def test_target_layer_sets():
     # a command line's "9, 11" and a single index read the same way
     assert GPTConfig.preset("paper_135m", "baseline", bov_layers="9, 11").bov_layers == (9, 11)
     assert GPTConfig.preset("paper_135m", "baseline", bov_layers=11).bov_layers == (11,)
+    for typo in ("4,", "4,,5", "4 5"):  # anything else is not a list: the message says what is
+        with pytest.raises(ValueError, match=f"bov_layers must be 'last_third', .* got '{typo}'"):
+            GPTConfig.preset("paper_135m", "baseline", bov_layers=typo)
     assert GPTConfig.preset("paper_135m", "baseline").target_layers() == ()
 
 

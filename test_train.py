@@ -94,8 +94,9 @@ def test_budget_arithmetic():
 
 
 def test_the_papers_data_holds_every_run_in_one_epoch():
-    """prepare_data.py --source=climbmix's default train tokens hold every 135M run of the README (the
-    paper's regime is one epoch) with room for the loader's padding; the README's 8.5e9 holds the 780M runs."""
+    """prepare_data.py --source=climbmix's default train tokens hold every 135M run of the README with 5% to
+    spare (the paper's regime is one epoch), and the README's 8.5e9 the 780M runs. A run reads at most
+    steps x batch tokens of data: the loader's padding only lowers what a row takes."""
     from model import VARIANTS
     from prepare_data import resolve_config
     import prepare_data
@@ -489,6 +490,12 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_checkpoint(data_dir, tmp_path):
         train.main([*args, "--matrix_lr=1e4", "--warmup_iters=1"])  # diverges within a few steps
     saved = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)  # the last good checkpoint is intact
     assert all(torch.isfinite(v).all() for v in saved["model"].values())
+    stale = tmp_path / "stale"  # a folder of old metrics and no checkpoint: a run that saves none leaves none there
+    stale.mkdir()
+    (stale / "metrics.jsonl").write_text(json.dumps({"type": "eval", "step": 0, "val_bpb": 9.9}) + "\n")
+    with pytest.raises(train.ConfigError, match=r"loss is (nan|inf) at step \d+; stopping \(no checkpoint was written"):
+        train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={stale}", "--max_iters=40", "--matrix_lr=1e4", "--warmup_iters=1"])
+    assert os.listdir(stale) == [".lock"]
 
 
 def test_one_run_per_out_dir_and_no_rebuild_under_a_run(data_dir, tmp_path, capsys):
@@ -521,6 +528,31 @@ def test_one_run_per_out_dir_and_no_rebuild_under_a_run(data_dir, tmp_path, caps
         p.kill()
         p.communicate(timeout=60)
     train.main([*TINY, f"--data_dir={data}", f"--out_dir={tmp_path / 'other'}", "--max_iters=2"])  # locks end with the run
+
+
+def test_a_refused_run_never_removes_the_winners_folder(data_dir, tmp_path, monkeypatch):
+    """Two runs start on a new --out_dir and the other one makes it and locks it first: the refused run
+    leaves that folder and its lock alone (it removes only a folder it made and locked itself)."""
+    import prepare_data as pd
+    out, winner = tmp_path / "new" / "run", {}
+    def the_other_run_wins(path, real=train.missing_top):
+        top = real(path)  # missing when this run looked ...
+        os.makedirs(path)  # ... then the other run made it and took its lock
+        winner["lock"] = pd.lock_folder(path, True, "busy")
+        return top
+    monkeypatch.setattr(train, "missing_top", the_other_run_wins)
+    with pytest.raises(train.DataError, match="^another train.py is writing"):
+        train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=2"])
+    assert os.listdir(out) == [".lock"]
+    winner.pop("lock").close()
+    # the same in prepare_data.py, where the window is between finding the folder missing and locking it
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a few words of text\n" * 50)
+    monkeypatch.setattr(pd, "missing_top", the_other_run_wins)
+    with pytest.raises(SystemExit, match="is in use: another prepare_data.py is writing it"):
+        pd.main(["--source", f"files:{corpus}", "--vocab_size", "300", "--out_dir", str(tmp_path / "data")])
+    assert os.listdir(tmp_path / "data") == [".lock"]
+    winner.pop("lock").close()
 
 
 def test_ctrl_c_during_a_save_waits_for_it():

@@ -514,11 +514,11 @@ def main(argv):
     try:
         return run(argv)
     finally:
+        if RUN.get("made"):  # a run that ended before its first checkpoint leaves no folder; done under its lock
+            remove_unused(*RUN.pop("made"))
         for key in ("out_lock", "data_lock"):
             if RUN.get(key):
                 RUN.pop(key).close()
-        if RUN.get("made"):  # a run that ended before its first checkpoint leaves no folder behind
-            remove_unused(*RUN.pop("made"))
 
 
 def run(argv):
@@ -562,8 +562,7 @@ def run(argv):
                 f"({meta['train_tokens']:,} train tokens); {EPOCH_ADVICE}")
         return None
     dev, rank, world, ddp = setup_device(s)
-    if master:
-        RUN["made"] = (s["out_dir"], missing_top(s["out_dir"]))
+    made = missing_top(s["out_dir"])  # what out_dir_problem makes
     problem = out_dir_problem(s["out_dir"])
     if problem:
         raise ConfigError(f"--out_dir {s['out_dir']} {problem}")
@@ -605,6 +604,7 @@ def run(argv):
         os.makedirs(s["out_dir"], exist_ok=True)
         RUN["out_lock"] = lock_folder(s["out_dir"], True, f"another train.py is writing {s['out_dir']}; wait for it to "
                                                           f"end, or choose another --out_dir")
+        RUN["made"] = (s["out_dir"], made)  # ours once locked: a run refused here never removes the winner's folder
         for stale in glob.glob(glob.escape(ckpt_path) + ".tmp*"):  # half a save by a killed run: no one else writes here
             os.remove(stale)
     metrics_path = os.path.join(s["out_dir"], "metrics.jsonl")
