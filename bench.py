@@ -57,7 +57,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from torch.utils.weak import WeakIdKeyDictionary
 
-from model import GPT, GPTConfig, SIZES, first_line, out_of_memory
+from model import GPT, GPTConfig, SIZES, VARIANTS, first_line, out_of_memory
 from prepare_data import out_dir_problem, silence_stdout
 from sample import check_device, resolve_dtype
 
@@ -560,9 +560,8 @@ def report(r):
     s = r["speed"]
     lines += ["", f"Speed and memory ({s['rounds_run']} rounds, A and B interleaved, alternating order; medians; "
               f"B/A = median and quartiles of the per-round ratios)"]
-    lines.append(f"  {'':<32} {a:>12} {b:>12} {'B/A':>7}  {'quartiles':>11}")
-    row = lambda label, m, fmt: lines.append(f"  {label:<32} {fmt(m['a']):>12} {fmt(m['b']):>12} {m['ratio']:>7.3f}"
-                                             + (f"  {m['ratio_q1']:.3f}-{m['ratio_q3']:.3f}" if "ratio_q1" in m else ""))
+    rows = []  # (label, A, B, measurement), formatted once every column's width is known
+    row = lambda label, m, fmt: rows.append((label, fmt(m["a"]), fmt(m["b"]), m))
     nb = f", batch {s['decode_batch']}" if s["decode_batch"] > 1 else ""
     for ctx, m in s["prefill_tok_s"].items():
         row(f"prefill tok/s, {int(ctx) - s['steps']} tokens{nb}", m, lambda x: f"{x:,.0f}")
@@ -571,26 +570,34 @@ def report(r):
     row(f"train step ms ({s['batch']}x{s['train_block_size']})", s["train_step_ms"], lambda x: f"{x:,.1f}")
     row(f"peak memory, decode at {max(map(int, s['decode_tok_s']))}{nb}", s["peak_bytes"]["decode"], human)
     row("peak memory, train step", s["peak_bytes"]["train_step"], human)
+    w = max(len(label) for label, *_ in rows)
+    wa, wb = max(12, len(a), *(len(r[1]) for r in rows)), max(12, len(b), *(len(r[2]) for r in rows))
+    lines.append(f"  {'':<{w}} {a:>{wa}} {b:>{wb}} {'B/A':>7}  {'quartiles':>11}")
+    lines += [f"  {label:<{w}} {x:>{wa}} {y:>{wb}} {m['ratio']:>7.3f}"
+              + (f"  {m['ratio_q1']:.3f}-{m['ratio_q3']:.3f}" if "ratio_q1" in m else "") for label, x, y, m in rows]
     return "\n".join(lines)
 
 
 # -----------------------------------------------------------------------------
 
+VARIANT_FIELDS = sorted({k for spec in VARIANTS.values() for k in spec})  # what --variants sets, not --config
+
+
 def parse_overrides(text):
-    """'n_embd=48,n_head=4,shared_table=true,bov_layers=4,5' -> {'n_embd': 48, 'n_head': 4, 'shared_table': True,
-    'bov_layers': '4,5'} (ints, true/false, else strings; GPTConfig reads the layer list)"""
-    out, key = {}, None
+    """'n_embd=48,n_head=4,vocab_size=97' -> {'n_embd': 48, 'n_head': 4, 'vocab_size': 97} (ints, true/false, else
+    strings): the size both presets share. A variant's own fields would make A and B alike, so they are refused."""
+    out = {}
     for item in filter(None, (t.strip() for t in (text or "").split(","))):
-        if "=" not in item and key == "bov_layers":  # 'bov_layers=4,5': the layer list goes on
-            out[key] += "," + item
-            continue
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or not key:
             raise BenchError(f"--config takes key=value pairs separated by commas, got {item!r}")
+        if key in VARIANT_FIELDS:
+            raise BenchError(f"--config sets the size both presets share; {key} is a variant's (it would apply to A "
+                             f"and B alike): add a variant to VARIANTS in model.py and name it in --variants")
         value = value.strip()
         bools = {"true": True, "false": False}
-        out[key] = value if key == "bov_layers" else int(value) if value.lstrip("-").isdigit() else bools.get(value.lower(), value)
+        out[key] = int(value) if value.lstrip("-").isdigit() else bools.get(value.lower(), value)
     return out
 
 
@@ -603,7 +610,7 @@ def parse_args(argv=None):
     p.add_argument("--variants", nargs=2, default=["baseline", "bov"], metavar=("A", "B"), help="the two presets (default: baseline bov)")
     p.add_argument("--size", choices=list(SIZES), default="paper_135m" if cuda else "cpu",
                    help="size of the measured models (default: cpu on a CPU, paper_135m on a GPU)")
-    p.add_argument("--config", help="GPTConfig overrides of the measured size, e.g. n_layer=6,n_embd=48,vocab_size=97,bov_layers=4,5")
+    p.add_argument("--config", help="GPTConfig overrides of the measured size, for both presets, e.g. n_layer=6,n_embd=48,vocab_size=97")
     p.add_argument("--contexts", default="128,1024,4096", help="decode contexts, comma-separated (default 128,1024,4096)")
     p.add_argument("--steps", type=int, help="decode steps timed at each context (default 32; --quick 4)")
     p.add_argument("--rounds", type=int, help="interleaved A B rounds after the warm-up (default 7; --quick 1)")
@@ -695,6 +702,10 @@ def main(argv=None):
                 coeffs = os.path.join(args.plot_dir, "coefficients.png")
                 if coefficient_plot(args.metrics, coeffs):
                     r["plots"].append(coeffs)
+                else:
+                    log("these runs have no learned coefficients: no coefficients.png")
+                    if os.path.exists(coeffs):  # an earlier --plot's, of other runs: not left beside these
+                        os.remove(coeffs)
     except KeyboardInterrupt:
         sys.exit("bench.py: interrupted")
     except Exception as e:

@@ -837,23 +837,28 @@ def out_of_memory(e):
 def layer_list(layers):
     """(16, 17, ..., 23) -> '16-23'; (1, 3, ..., 23) -> '1,3,...,23'; () -> '-'; else comma-separated."""
     steps = {b - a for a, b in zip(layers, layers[1:])}
-    if len(layers) < 3 or len(steps) != 1:
+    if len(layers) < 3 or len(steps) != 1 or (len(layers) == 3 and steps != {1}):  # (1, 3, 5) says it all
         return ",".join(map(str, layers)) or "-"
     return f"{layers[0]}-{layers[-1]}" if steps == {1} else f"{layers[0]},{layers[1]},...,{layers[-1]}"
 
 
 def describe_presets(size):
     """One line per variant: target layers, parameters and FLOPs per token at this size."""
-    rows = []
+    rows, missing = [], []
     for name in VARIANTS:
-        cfg = GPTConfig.preset(size, name)
+        try:
+            cfg = GPTConfig.preset(size, name)
+        except ValueError as e:  # e.g. a variant's own layer list that this size does not have
+            missing.append(f"{name}: not at this size ({str(e).removeprefix('bad GPTConfig: ')})")
+            continue
         m = GPT.meta(cfg)
         n = m.num_params()
         rows.append((name, layer_list(cfg.target_layers()), n["dense"], n["tables"], m.estimate_flops()))
     w = max(len("targets"), *(len(r[1]) for r in rows))
-    lines = [f"{'variant':<18} {'targets':<{w}} {'dense params':>13} {'table params':>13} {'FLOPs/token':>15}"]
-    lines += [f"{name:<18} {t:<{w}} {d:>13,} {tb:>13,} {f:>15,}" for name, t, d, tb, f in rows]
-    return "\n".join(lines)
+    v = max(len("variant"), *(len(r[0]) for r in rows))
+    lines = [f"{'variant':<{v}} {'targets':<{w}} {'dense params':>13} {'table params':>13} {'FLOPs/token':>15}"]
+    lines += [f"{name:<{v}} {t:<{w}} {d:>13,} {tb:>13,} {f:>15,}" for name, t, d, tb, f in rows]
+    return "\n".join(lines + missing)
 
 
 if __name__ == "__main__":

@@ -381,6 +381,16 @@ def test_bench_breakeven_of_other_pairs(bench_json, a, b, paper, breakeven):
     assert ("eq. 6: T = 8,192" in line) == (paper is not None)
 
 
+def test_bench_speed_table_lines_up(bench_json):
+    """Long labels (", batch 2") and long variant names keep the B/A column in one place."""
+    for names in ((), ("value_embed_gated", "bov_shared_table")):
+        r = dict(bench_json, variants=dict(zip("ab", names))) if names else bench_json
+        lines = bench.report(r).split("Speed and memory")[1].splitlines()[1:]
+        end = lines[0].index("B/A") + 3
+        assert all(float(line[end - 7:end]) > 0 for line in lines[1:]) and len(lines) >= 6
+        assert all(name in lines[0] for name in names)
+
+
 def test_bench_decode_steps_take_turns():
     """A's and B's decode steps alternate, A B, B A, ..., after both prefilled: paired in time."""
     overrides = bench.parse_overrides(TINY)
@@ -394,10 +404,10 @@ def test_bench_decode_steps_take_turns():
 
 
 def test_bench_config_overrides_and_quartiles():
-    assert bench.parse_overrides("n_head=4, shared_table=false,value_mix=add,x=True") == dict(
-        n_head=4, shared_table=False, value_mix="add", x=True)
-    assert bench.parse_overrides("bov_layers=4,5,n_layer=6") == dict(bov_layers="4,5", n_layer=6)  # a layer list
-    assert GPTConfig.preset("cpu", "bov", **bench.parse_overrides("n_layer=6,bov_layers=3")).target_layers() == (3,)
+    assert bench.parse_overrides("n_head=4, window_pattern=L,x=True,y=false") == dict(n_head=4, window_pattern="L", x=True, y=False)
+    for field in ("bov_layers=4", "value_mix=add", "shared_table=true"):  # they would make the baseline a variant too
+        with pytest.raises(bench.BenchError, match=f"^--config sets the size both presets share; {field.split('=')[0]} is a variant's"):
+            bench.parse_overrides("n_layer=6," + field)
     with pytest.raises(bench.BenchError, match="key=value pairs separated by commas, got '5'"):
         bench.parse_overrides("n_layer=6,5")
     with pytest.raises(ValueError, match="shared_table must be True or False"):
@@ -433,6 +443,10 @@ def test_bench_plots_and_metrics(tmp_path, capsys, monkeypatch):
     baseline.parent.mkdir()
     baseline.write_text(json.dumps({"type": "eval", "step": 0, "tokens": 0, "val_bpb": 3.1, "coefficients": {}}) + "\n")
     assert not bench.coefficient_plot([str(baseline)], str(tmp_path / "none.png"))  # no target layers: no figure
+    capsys.readouterr()
+    bench.main(["--plot", "--plot_dir", str(out), str(baseline)])  # and an earlier --plot's figure goes, said so
+    assert sorted(p.name for p in out.iterdir()) == ["fig5a.png", "val_curves.png"]
+    assert "these runs have no learned coefficients: no coefficients.png" in capsys.readouterr().err
     mixed = tmp_path / "mixed" / "metrics.jsonl"  # a coefficient only some layers have
     mixed.parent.mkdir()
     mixed.write_text(json.dumps({"type": "eval", "step": 0, "tokens": 0, "val_bpb": 3.0,

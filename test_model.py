@@ -502,12 +502,19 @@ def test_checkpoint_round_trip(tmp_path):
     assert "\n" not in str(e.value)
 
 
-def test_the_preset_listing_is_a_table():
+def test_the_preset_listing_is_a_table(monkeypatch):
+    import model
     from model import describe_presets, layer_list
-    assert [layer_list(t) for t in [(), (4, 5), tuple(range(16, 24)), tuple(range(1, 24, 2)), (0, 2, 3)]] == \
-        ["-", "4,5", "16-23", "1,3,...,23", "0,2,3"]
+    assert [layer_list(t) for t in [(), (4, 5), tuple(range(16, 24)), tuple(range(1, 24, 2)), (0, 2, 3), (1, 3, 5), (3, 4, 5)]] == \
+        ["-", "4,5", "16-23", "1,3,...,23", "0,2,3", "1,3,5", "3-5"]
     lines = describe_presets("paper_780m").splitlines()
     assert len({len(line) for line in lines}) == 1 and len(lines) == len(VARIANTS) + 1  # columns line up
+    # a researcher's variant with its own layers, and a long name: a line saying so where a size lacks the layers
+    monkeypatch.setitem(model.VARIANTS, "bov_on_layers_8_to_11", model._v((8, 9, 10, 11), "table"))
+    lines = describe_presets("cpu").splitlines()
+    assert len({len(line) for line in lines[:-1]}) == 1 and len(lines) == len(model.VARIANTS) + 1
+    assert lines[-1] == "bov_on_layers_8_to_11: not at this size (bov_layers as a list must hold layer indices in [0, 6), got (8, 9, 10, 11))"
+    assert describe_presets("paper_135m").splitlines()[-1].startswith("bov_on_layers_8_to_11 8-11 ")
 
 
 def test_the_preset_listing_and_a_reader_that_leaves(monkeypatch, capsys):

@@ -278,6 +278,8 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     assert "layer 0 produces V1" in error([*base, "--variant=svformer", "--bov_layers=0,1"])
     assert "bov_layers must be 'last_third', 'every_other', 'all', 'none' or a list of layer indices, got 'last_2'" \
         in error([*base, "--bov_layers=last_2"])
+    assert "--variant=baseline has no target layers; --bov_layers would train a value variant under its name" \
+        in error([*base, "--variant=baseline", "--bov_layers=1"])
     assert "--device_batch_size must be positive" in error([*base, "--device_batch_size=0"])
     assert "--dtype must be one of" in error([*base, "--dtype=fp8"])
     assert "--compile must be one of" in error([*base, "--compile=maybe"])

@@ -535,6 +535,9 @@ def run(argv):
         model_config = GPTConfig.preset(s["size"], s["variant"], **model_overrides)
     except ValueError as e:
         raise ConfigError(str(e))
+    if not VARIANTS[s["variant"]] and model_config.target_layers():  # its name (and out_dir) would say otherwise
+        raise ConfigError(f"--variant={s['variant']} has no target layers; --bov_layers would train a value variant under "
+                          f"its name: start from one that has them, e.g. --variant=bov --bov_layers=...")
     shapes = GPT.meta(model_config)
     flops_per_token = shapes.estimate_flops()
     counts = shapes.num_params()
@@ -551,7 +554,7 @@ def run(argv):
               f"{s['target_tokens']:,} tokens" if s["target_tokens"] else "--max_iters")
     human = f"{tokens / 1e9:.2f}B" if tokens >= 1e8 else f"{tokens / 1e6:.2f}M"
     log(f"plan: {budget} -> {iters:,} iterations, {tokens:,} tokens ({human}), "
-        f"{flops_per_token * tokens:.3g} FLOPs, tokens:params {tokens / counts['scaling']:.1f}")
+        f"{flops_per_token * tokens:.3g} FLOPs, tokens:params {tokens / counts['scaling']:.3g}")
     world = ranks()[3]
     if s["total_batch_tokens"] % (s["device_batch_size"] * T * world):
         raise ConfigError(f"total_batch_tokens {s['total_batch_tokens']:,} is not a multiple of "
