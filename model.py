@@ -280,18 +280,21 @@ class _Pass:
     table: object = None         # table(t) -> (N, C) the rows that bag_index points into
     cache: KVCache | None = None
     bag_index: torch.Tensor | None = None  # (B, H, pos + 1) row * H + h of every cached id (one-token decode)
-    bags: dict = field(default_factory=dict)  # window start -> (rows, offsets) for embedding_bag
+    bags: dict = field(default_factory=dict)  # window -> (rows, offsets) for embedding_bag
     v1: torch.Tensor | None = None  # (B, T, H, D) layer 0's values, kept for the V1 variants
 
-    def bag(self, start):
-        """The flat rows (B H W,) of the (N H, D) table view for the window [start, pos], and the offset
-        where each of the B H bags starts; made once per pass for all table layers with this window."""
-        if start not in self.bags:
+    def bag(self, window):
+        """The flat rows (B H W,) of the (N H, D) table view for the last `window` positions up to pos,
+        and the offset where each of the B H bags starts; made once per pass for all table layers with
+        this window. Keyed by the window, a constant, not by its start: under torch.compile the start
+        is symbolic, and a dict lookup on it would recompile at every step."""
+        if window not in self.bags:
             B, H, end = self.bag_index.shape
+            start = max(0, end - window)
             W = end - start
-            self.bags[start] = (self.bag_index[:, :, start:].reshape(-1),
-                                torch.arange(0, B * H * W, W, device=self.bag_index.device))
-        return self.bags[start]
+            self.bags[window] = (self.bag_index[:, :, start:].reshape(-1),
+                                 torch.arange(0, B * H * W, W, device=self.bag_index.device))
+        return self.bags[window]
 
 
 class Attention(nn.Module):
@@ -386,13 +389,13 @@ class Attention(nn.Module):
         each window row of E_v once and never materialises the window's values. Equal to gathering
         the rows and calling SDPA (cached_keys_values), in fewer passes over memory."""
         B, H, D = q.size(0), self.n_head, self.head_dim
-        start, keys = self.cached_keys(k, ctx)                                         # (B, H, W, D)
+        _, keys = self.cached_keys(k, ctx)                                             # (B, H, W, D)
         scores = (q * D ** -0.5) @ keys.transpose(-1, -2)                             # (B, H, 1, W)
         p = torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32))
         table = ctx.table(self.table)
         if not torch.is_grad_enabled():  # a table that requires grad sends embedding_bag to its backward-ready kernel
             table = table.detach()
-        rows, bags = ctx.bag(start)                                                    # bag (b, h) = window of head h
+        rows, bags = ctx.bag(self.window)                                              # bag (b, h) = window of head h
         y = F.embedding_bag(rows, table.view(-1, D), bags, per_sample_weights=p.reshape(-1).to(table.dtype), mode="sum")
         (c,) = self.coefficients()
         return (c * y).view(B, 1, H * D).to(q.dtype)                                   # (B H, D) -> (B, 1, C)
