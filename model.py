@@ -481,6 +481,7 @@ class TableOffload:
         self.slot.fill_(-1)
         self.used = 0
 
+    @torch.compiler.disable  # data-dependent (unique, growing cache): eager, one graph break under compile
     def prefetch(self, ids):
         """Make sure every id in `ids` has its rows on the device."""
         wanted = ids.unique()
