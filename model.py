@@ -459,7 +459,8 @@ class TableOffload:
     layer (Section 4). So `prefetch(ids)` copies the rows of the ids not yet on the device, for all
     tables at once, into a device-side row cache keyed by token id, and `rows(t, ids)` gathers from
     that cache. Each distinct token's rows cross once per `reset()` (once per generated sequence);
-    the row cache grows to the number of distinct ids seen, never to the whole vocabulary up front.
+    the row cache grows with the number of distinct ids seen (doubling from 64 rows), never to the
+    whole vocabulary up front.
     """
 
     def __init__(self, tables, device):
@@ -489,9 +490,10 @@ class TableOffload:
         k = missing.numel()
         if k == 0:
             return
-        if self.used + k > self.cache.size(1):  # grow the row cache (amortised doubling, at most |V| rows)
-            grown = torch.empty(self.host.size(0), min(max(2 * self.cache.size(1), self.used + k), self.host.size(1)),
-                                self.host.size(2), dtype=self.host.dtype, device=self.device)
+        if self.used + k > self.cache.size(1):  # grow the row cache: doubling from 64 rows, at most |V| rows
+            # (never 1 row, nor one row per distinct prompt token: torch.compile would specialise on such sizes)
+            rows = min(max(2 * self.cache.size(1), self.used + k, 64), self.host.size(1))
+            grown = torch.empty(self.host.size(0), rows, self.host.size(2), dtype=self.host.dtype, device=self.device)
             grown[:, :self.used] = self.cache[:, :self.used]
             self.cache = grown
         staged = torch.index_select(self.host, 1, missing)  # (n_tables, k, C) gathered on the host
@@ -738,15 +740,15 @@ class GPT(nn.Module):
         self.check_ids(idx)
         if self.offload is not None:
             self.offload.reset()
-        cache, seq = None, idx
+        cache, seq, nxt = None, idx, None
         for step in range(max_new_tokens):
             if not use_cache:
                 logits, _ = self(seq[:, -cfg.block_size:], last_only=True)
             elif cache is None or cache.pos == cache.max_len:  # prefill; when full, restart from the last half block
                 cache = self.new_cache(idx.size(0), cfg.block_size)
-                logits, _ = self(seq if step == 0 else seq[:, -max(1, cfg.block_size // 2):], cache=cache, last_only=True)
-            else:
-                logits, _ = self(seq[:, -1:], cache=cache)
+                logits, _ = self(seq if step == 0 else seq[:, -max(1, cfg.block_size // 2):].clone(), cache=cache, last_only=True)
+            else:  # the last token itself, not a view into seq: under torch.compile a view's offset is one more symbol
+                logits, _ = self(nxt, cache=cache)
             nxt = self.sample_next(logits[:, -1, :], temperature, top_k, generator)
             seq = torch.cat([seq, nxt], dim=1)
             yield nxt

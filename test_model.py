@@ -221,27 +221,31 @@ def test_decode_without_grad_takes_the_forward_only_bag_kernel():
 
 
 @pytest.mark.parametrize("offload", [False, True])
-def test_compiled_decode_compiles_a_few_graphs_as_the_window_slides(offload):
+def test_compiled_generation_compiles_a_few_graphs(offload):
     """sample.py --compile compiles with dynamic shapes. Past a sliding window the table step's window
     start changes every step: it must stay symbolic (not a guarded Python value), or every step
-    compiles a new graph until dynamo gives up on the frame. Offloaded tables fetch rows in eager
-    mode (one graph break per step). Dynamo only (backend="eager"): the graphs are what is counted,
-    not inductor's code."""
+    compiles a new graph until dynamo gives up on the frame (8 graphs without offload, 15 with, before).
+    Offloaded tables fetch rows eagerly, one graph break per step. Dynamo only (backend="eager"):
+    graphs are counted, not code; inductor's own guards (a view's storage offset, sizes that happen
+    to be equal) do not show here."""
     from torch._dynamo.utils import counters
     m = build(tiny("bov"))
     if offload:
         m.offload_tables("cpu")
-    idx = batch(m.config, B=1, T=170)
+    short = torch.tensor([[5, 6, 7]])
+    prompts = [(short, 8), (short, 8), (batch(m.config, B=1, T=120), 50)]  # the last: 42 steps past a 128-token window
+    eager = [m.generate(p, n, temperature=0) for p, n in prompts]
     torch._dynamo.reset()
     counters.clear()
-    compiled = torch.compile(m, backend="eager", dynamic=True)
-    cache = m.new_cache(1)
-    with torch.no_grad():
-        parts = [compiled(idx[:, :120], cache=cache)[0]] + [compiled(idx[:, t:t + 1], cache=cache)[0] for t in range(120, 170)]
-    graphs = counters["stats"]["unique_graphs"]
-    torch._dynamo.reset()
-    assert graphs <= 5, f"{graphs} graphs for a prefill and 50 steps, 42 of them past layer 4's 128-token window"
-    torch.testing.assert_close(torch.cat(parts, dim=1), m(idx)[0], rtol=1e-6, atol=1e-6)
+    m.compile(backend="eager", dynamic=True)
+    try:
+        compiled = [m.generate(p, n, temperature=0) for p, n in prompts]
+        graphs = counters["stats"]["unique_graphs"]
+    finally:
+        m._compiled_call_impl = None
+        torch._dynamo.reset()
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
+    assert graphs <= (5 if offload else 3), f"{graphs} graphs for three sequences"
 
 
 @pytest.mark.parametrize("variant", ["baseline", "bov", "t1_r06", "t1_r13"])
