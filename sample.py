@@ -255,7 +255,8 @@ def main(argv=None):
     n_prompt, t_prefill, n_decode, t_decode = totals
     if n_prompt:
         print(f"sample.py: prefill {n_prompt} tokens at {rate(n_prompt, t_prefill)}; "
-              f"decode {n_decode} tokens at {rate(n_decode, t_decode)}", file=sys.stderr)
+              f"decode {n_decode} tokens at {rate(n_decode, t_decode)}"
+              + (" (both include compiling)" if args.compile else ""), file=sys.stderr)
     else:
         print("sample.py: no tokens generated, so no prefill or decode ran", file=sys.stderr)
     if model.offload is not None:

@@ -238,6 +238,19 @@ def test_a_closed_pipe_stops_sampling_quietly(tiny):
     assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err
 
 
+def test_compile_gives_the_eager_text_and_says_the_rates_include_compiling(tiny, monkeypatch, capsys):
+    """--compile end to end, through dynamo only (inductor's C++ build would take minutes here)."""
+    path, tok, model = tiny
+    compile_ = GPT.compile
+    monkeypatch.setattr(GPT, "compile", lambda self, **kw: compile_(self, backend="eager", **kw))
+    try:
+        out, err = run_sample(capsys, "--ckpt", path, "--max_new_tokens", 12, "--temperature", 0, "--compile")
+    finally:
+        torch._dynamo.reset()
+    assert out == greedy_text(model, tok, [tok.bos_id], 12)
+    assert re.search(r"decode 11 tokens at [\d.,]+ tok/s \(both include compiling\)$", err.strip())
+
+
 def test_a_failed_compile_is_one_line(tiny, monkeypatch):
     """--compile that fails at the first step (as with no working C++ compiler: test_train.py runs that for real)."""
     path, _, _ = tiny
