@@ -459,8 +459,8 @@ class TableOffload:
     layer (Section 4). So `prefetch(ids)` copies the rows of the ids not yet on the device, for all
     tables at once, into a device-side row cache keyed by token id, and `rows(t, ids)` gathers from
     that cache. Each distinct token's rows cross once per `reset()` (once per generated sequence);
-    the row cache grows with the number of distinct ids seen (doubling from 64 rows), never to the
-    whole vocabulary up front.
+    the row cache grows with the number of distinct ids seen (powers of two from 64 rows), never to
+    the whole vocabulary up front.
     """
 
     def __init__(self, tables, device):
@@ -490,9 +490,9 @@ class TableOffload:
         k = missing.numel()
         if k == 0:
             return
-        if self.used + k > self.cache.size(1):  # grow the row cache: doubling from 64 rows, at most |V| rows
+        if self.used + k > self.cache.size(1):  # grow the row cache to a power of two from 64 rows, at most |V|
             # (never 1 row, nor one row per distinct prompt token: torch.compile would specialise on such sizes)
-            rows = min(max(2 * self.cache.size(1), self.used + k, 64), self.host.size(1))
+            rows = min(max(64, 1 << (self.used + k - 1).bit_length()), self.host.size(1))
             grown = torch.empty(self.host.size(0), rows, self.host.size(2), dtype=self.host.dtype, device=self.device)
             grown[:, :self.used] = self.cache[:, :self.used]
             self.cache = grown

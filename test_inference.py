@@ -240,13 +240,16 @@ def test_a_closed_pipe_stops_sampling_quietly(tiny):
 
 def test_compile_gives_the_eager_text_and_says_the_rates_include_compiling(tiny, monkeypatch, capsys):
     """--compile end to end, through dynamo only (inductor's C++ build would take minutes here)."""
+    from torch._dynamo.utils import counters
     path, tok, model = tiny
     compile_ = GPT.compile
     monkeypatch.setattr(GPT, "compile", lambda self, **kw: compile_(self, backend="eager", **kw))
+    counters.clear()
     try:
         out, err = run_sample(capsys, "--ckpt", path, "--max_new_tokens", 12, "--temperature", 0, "--compile")
     finally:
         torch._dynamo.reset()
+    assert counters["stats"]["unique_graphs"] >= 2  # the prefill and the one-token step were compiled
     assert out == greedy_text(model, tok, [tok.bos_id], 12)
     assert re.search(r"decode 11 tokens at [\d.,]+ tok/s \(both include compiling\)$", err.strip())
 

@@ -222,19 +222,23 @@ def test_decode_without_grad_takes_the_forward_only_bag_kernel():
 
 @pytest.mark.parametrize("offload", [False, True])
 def test_compiled_generation_compiles_a_few_graphs(offload):
-    """sample.py --compile compiles with dynamic shapes. Past a sliding window the table step's window
-    start changes every step: it must stay symbolic (not a guarded Python value), or every step
-    compiles a new graph until dynamo gives up on the frame (8 graphs without offload, 15 with, before).
-    Offloaded tables fetch rows eagerly, one graph break per step. Dynamo only (backend="eager"):
-    graphs are counted, not code; inductor's own guards (a view's storage offset, sizes that happen
-    to be equal) do not show here."""
+    """sample.py --compile compiles with dynamic shapes; a run must compile a few graphs, not one per
+    step or per sample. Past a sliding window the table step's window start changes every step: it
+    must stay symbolic (not a guarded Python value), or every step compiles a new graph until dynamo
+    gives up on the frame (8 graphs, 17 offloaded, before). With offloaded tables (rows fetched
+    eagerly, one graph break per step), a second sample of the same prompt compiled one more graph
+    when the row cache had one row per distinct prompt token (its size tied to the prompt length;
+    now a power of two from 64) or when each step fed a view into the sequence (its offset tied to
+    another size; now the new token itself). Dynamo only (backend="eager")."""
     from torch._dynamo.utils import counters
-    m = build(tiny("bov"))
+    m, reference = (build(tiny("bov", vocab_size=200)) for _ in range(2))  # the same weights; m's row cache starts empty
     if offload:
         m.offload_tables("cpu")
-    short = torch.tensor([[5, 6, 7]])
-    prompts = [(short, 8), (short, 8), (batch(m.config, B=1, T=120), 50)]  # the last: 42 steps past a 128-token window
-    eager = [m.generate(p, n, temperature=0) for p, n in prompts]
+    g = torch.Generator().manual_seed(0)
+    distinct = torch.randperm(200, generator=g)[:70][None].clone()  # as many rows as prompt tokens, past 64
+    long = batch(m.config, B=1, T=120)  # 50 new tokens: 42 steps past layer 4's 128-token window
+    prompts = [(distinct, 6), (distinct, 6), (long, 50)]
+    eager = [reference.generate(p, n, temperature=0) for p, n in prompts]
     torch._dynamo.reset()
     counters.clear()
     m.compile(backend="eager", dynamic=True)
