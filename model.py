@@ -482,9 +482,16 @@ class TableOffload:
         self.slot.fill_(-1)
         self.used = 0
 
-    @torch.compiler.disable  # data-dependent (unique, growing cache): eager, one graph break under compile
     def prefetch(self, ids):
-        """Make sure every id in `ids` has its rows on the device."""
+        """Make sure every id in `ids` has its rows on the device. Data-dependent (unique ids, a
+        growing cache): under torch.compile it runs eagerly, one graph break, and torch._dynamo is
+        imported only then (as a decorator it would add a second to every `import model`)."""
+        if torch.compiler.is_compiling():
+            return torch.compiler.disable(self.fetch)(ids)
+        return self.fetch(ids)
+
+    def fetch(self, ids):
+        """prefetch, always eager."""
         wanted = ids.unique()
         missing = wanted[self.slot[wanted] < 0].cpu().long()
         k = missing.numel()

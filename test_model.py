@@ -548,6 +548,15 @@ def test_the_preset_listing_is_a_table(monkeypatch):
     assert describe_presets("paper_135m").splitlines()[-1].startswith("bov_on_layers_8_to_11 8-11 ")
 
 
+def test_the_scripts_start_without_importing_torch_dynamo():
+    """torch._dynamo costs over a second to import: only a run that compiles should pay it (it came in
+    once through a @torch.compiler.disable decorator on the offload fetch, evaluated at import)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = "import sys, model, sample, train, bench, eval; print('torch._dynamo' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout) == (0, "False\n"), r.stderr
+
+
 def test_the_preset_listing_and_a_reader_that_leaves(monkeypatch, capsys):
     """`python model.py` lists every variant; piped into a reader that has gone (`| head`), it stops quietly."""
     cmd, here = [sys.executable, "model.py", "--size", "cpu"], os.path.dirname(os.path.abspath(__file__))
