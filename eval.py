@@ -370,7 +370,8 @@ def per_byte(loss, row, tokenizer):
     schema options: lm-eval-harness's acc_norm. Upstream nanochat ranks by mean loss per token,
     which favours options split into more, easier tokens."""
     tokens, start, end = row
-    return loss / max(1, len(tokenizer.decode(tokens[start:end]).encode("utf-8")))
+    # the tokens' own bytes, not their decoded text: a span that begins inside a character decodes to U+FFFD (3 bytes)
+    return loss / max(1, len(tokenizer.decode_bytes(tokens[start:end])))
 
 
 def check_tasks(tasks):

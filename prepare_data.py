@@ -117,6 +117,10 @@ class Tokenizer:
         """iterable of ints (list, numpy array, torch tensor) -> str; bos decodes as its text."""
         return self.enc.decode([int(i) for i in ids])
 
+    def decode_bytes(self, ids):
+        """iterable of ints -> the bytes of those tokens (no U+FFFD for a character split between tokens)."""
+        return self.enc.decode_bytes([int(i) for i in ids])
+
 
 def load_tokenizer(data_dir):
     """Return the Tokenizer (.encode, .decode, .bos_id, .vocab_size, .enc) saved in data_dir."""
@@ -245,8 +249,14 @@ def _check_hub():
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         if os.environ.get(var, "0").lower() not in ("", "0", "false", "no", "off"):
             raise DataError(f"the Hugging Face hub is unreachable ({var} is set); {OFFLINE_HINT}")
-    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    try:
+        url = urllib.parse.urlsplit(endpoint)
+        host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    except ValueError:  # a port that is not a number
+        host = None
+    if not host or url.scheme not in ("http", "https"):
+        raise DataError(f"HF_ENDPOINT={endpoint!r} is not an http(s) URL")
     if not reachable(host, port):
         raise DataError(f"the Hugging Face hub ({host}:{port}) is unreachable; {OFFLINE_HINT}")
 
@@ -319,6 +329,9 @@ class Source:
             bad = [p for p in self.paths if not p.endswith((".txt", ".md", ".jsonl", ".parquet"))]
             if bad:
                 raise DataError(f"{bad[0]}: unsupported file type (use .txt/.md, .jsonl or .parquet)")
+        # what a resume must find unchanged: row indices (and so the val/train split) depend on it
+        self.fingerprint = [[p, os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in self.paths] \
+            if spec.startswith("files:") else None
 
     def is_val_candidate(self, i):
         if self.spec == "shakespeare":
@@ -786,6 +799,9 @@ def prepare(config, out_dir, force=False, held=None):
         print(f"{out_dir} is already prepared ({state['train_tokens']:,} train / {state['val_tokens']:,} val tokens); nothing to do")
         return state
     source = source or new_source()
+    if state is not None and state.get("files", source.fingerprint) != source.fingerprint:  # (older folders kept no list)
+        raise DataError(f"the files of {config['source']} changed since {out_dir} was begun; resuming would mix "
+                        f"old and new rows (val documents could land in train); pass --force to rebuild it")
     if config["tokenizer"] == "gpt2" and state is None and tok is None:
         tok = gpt2_tokenizer_json()
     if "lock" not in held:  # a new folder, made once the source is found
@@ -806,7 +822,8 @@ def prepare(config, out_dir, force=False, held=None):
         write_json(os.path.join(out_dir, "tokenizer.json"), tok)
         state = {"format": FORMAT, "config": config, "vocab_size": tok["vocab_size"], "bos_id": tok["bos_id"],
                  "dtype": "uint16" if tok["vocab_size"] <= 65536 else "uint32",
-                 "val_shards": [], "val_done": False, "val_end_row": None, "train_shards": [], "train_done": False}
+                 "val_shards": [], "val_done": False, "val_end_row": None, "train_shards": [], "train_done": False,
+                 "files": source.fingerprint}
         write_json(os.path.join(out_dir, "progress.json"), state)
     with open(os.path.join(out_dir, "tokenizer.json")) as f:
         tok = json.load(f)

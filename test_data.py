@@ -228,6 +228,38 @@ def test_interrupted_run_resumes(tmp_path, monkeypatch):
     assert {k: v[1] for k, v in clean.items()} == {k: v[1] for k, v in resumed.items()}  # same names, same bytes
 
 
+def test_a_resume_refuses_files_that_changed(tmp_path, monkeypatch):
+    """Rows are numbered across the matched files and the val split is chosen by row: a resume after a file
+    was added would put val documents into train. It is refused in one line, the folder untouched; with
+    the files as they were, the resume goes ahead."""
+    pattern, docs = write_corpus(tmp_path)
+    args = ("--source", "files:" + pattern, *FILES_ARGS, "--out_dir", tmp_path / "out")
+    write_shard = pd.write_shard
+    def dies(path, tokens):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(pd, "write_shard", dies)
+    assert "resume" in prep(*args)
+    monkeypatch.setattr(pd, "write_shard", write_shard)
+    added = tmp_path / "corpus" / "a0.jsonl"  # sorts first: every later row number moves
+    added.write_text(json.dumps({"text": docs[0]}) + "\n")
+    before = snapshot(tmp_path / "out")
+    msg = prep(*args)
+    assert "changed" in msg and "--force" in msg and "\n" not in msg
+    assert snapshot(tmp_path / "out") == before
+    added.unlink()
+    assert prep(*args) is None and pd.load_meta(tmp_path / "out")["train_shards"]
+
+
+@pytest.mark.parametrize("endpoint", ["http://127.0.0.1:notaport", "huggingface.co"])
+def test_a_malformed_hf_endpoint_is_one_line(tmp_path, monkeypatch, endpoint):
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    msg = prep("--source", "climbmix", "--out_dir", tmp_path / "x")
+    assert msg == f"prepare_data.py: error: HF_ENDPOINT={endpoint!r} is not an http(s) URL"
+    assert not (tmp_path / "x").exists()
+
+
 def test_many_tiny_shards_rewrite_progress_a_bounded_number_of_times(tmp_path, monkeypatch):
     """One shard per document: progress.json (which lists every shard) is rewritten after each of the
     first 100 shards, then each time the list grows by 1%, not after all 1,200 (quadratic bytes)."""

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import eval as ev
+import prepare_data as pd
 from model import GPT, GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,6 +42,9 @@ class CharTokenizer:
 
     def decode(self, ids):
         return "".join(chr(int(i)) for i in ids).replace("\x01", "\u20ac")
+
+    def decode_bytes(self, ids):
+        return self.decode(ids).encode("utf-8")
 
 
 class RuleModel(torch.nn.Module):
@@ -165,6 +169,20 @@ def test_multiple_choice_ranks_by_loss_per_byte_not_per_token_or_summed():
     assert [ev.per_byte(loss, row, tok) for loss, row in zip(losses, rows)] == pytest.approx([(GOOD + BAD) / 2, 2 * BAD / 6])
     assert ev.evaluate_task(RuleModel(), tok, "copa", [item]) == 1.0
     assert ev.evaluate_task(RuleModel(), tok, "copa", [dict(item, gold=0)]) == 0.0
+
+
+def test_bytes_per_choice_count_a_character_split_between_the_prefix_and_the_span():
+    """With byte-level tokens "\u00e9t\u00e9" and "\u00e8re" share their first byte (0xC3): each scored span
+    starts inside a character, and its bytes are 4 and 3 (decoding them as text gives U+FFFD, 6 and 5)."""
+    import tiktoken
+    enc = tiktoken.Encoding("bytes", pat_str=r".", mergeable_ranks={bytes([i]): i for i in range(256)},
+                            special_tokens={"<|bos|>": 256})
+    tok = pd.Tokenizer(enc, bos_id=256)
+    task = ev.TASKS["copa"]
+    item = {"query": "q", "choices": ["\u00e9t\u00e9", "\u00e8re"], "gold": 0}
+    rows = ev.encode(task, ev.render(task, item, []), tok, 99)
+    assert [bytes(r[0][r[1]:r[1] + 1]) for r in rows] == [b"\xa9", b"\xa8"]  # the spans start mid-character
+    assert [ev.per_byte(12.0, row, tok) for row in rows] == [3.0, 4.0]
 
 
 def test_scored_spans_of_each_kind():
@@ -494,7 +512,6 @@ def test_no_bundle_offline_is_one_clear_line_and_fast(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------- end to end
 
 def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
-    import prepare_data as pd
     rng = random.Random(0)
     words = "question story case said it quietly long is abcd the answer yes no a b c".split()
     (tmp_path / "corpus").mkdir()
