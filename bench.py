@@ -118,7 +118,8 @@ def kv_memory(cfg_a, cfg_b, batch, dtype=KV_DTYPE):
     extra = tab_b - tab_a
     # tokens (one sequence, or B*T) where the saved cache pays for B's extra tables; 0 when B adds no table
     # bytes (it saves from the first token); None when B saves no cache per token
-    breakeven = max(extra, 0) / per_token_saving if per_token_saving > 0 else None
+    breakeven = (max(extra, 0) / per_token_saving if per_token_saving > 0
+                 else 0 if per_token_saving == 0 and extra < 0 else None)  # same cache, fewer table bytes: saves at once
     # eq. 6's root, T = (tables added) |V| / (V-free layers added): |V| for BoV against the baseline
     n_vfree = len(cfg_b.v_free_layers()) - len(cfg_a.v_free_layers())
     n_tables = cfg_b.n_tables() - cfg_a.n_tables()
@@ -370,8 +371,14 @@ def save(fig, ax, path, title, xlabel, ylabel, **legend):
     ax.set_title(title)
     ax.legend(**legend)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    pyplot().close(fig)
+    tmp = f"{path}.tmp{os.getpid()}"  # then os.replace: an interrupted or failed write never leaves half a PNG
+    try:
+        fig.savefig(tmp, dpi=120, format="png")
+        os.replace(tmp, path)
+    finally:
+        pyplot().close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def fig5a(path):
@@ -538,7 +545,7 @@ def report(r):
         paper = kv["breakeven_paper"]
         lines.append("  breakeven: " + (
             "none (B saves no cache per token)" if be is None else
-            "none needed (B adds no table bytes and saves cache at every context)" if be == 0 else
+            "none needed (B adds no table bytes and saves memory at every context)" if be == 0 else
             f"T = {be:,.0f} tokens for one sequence" + (f" (eq. 6: T = {paper:,})" if paper is not None else "")
             + f"; B*T = {be:,.0f}, i.e. T = {kv['breakeven_context_batch']:,.0f} for the batch"))
         lines.append(f"  {'context':>8} {'A / seq':>11} {'B / seq':>11} {'A / batch':>11} {'B / batch':>11} "
@@ -647,6 +654,11 @@ def parse_args(argv=None):
         p.error(f"every decode context must exceed --steps ({args.steps}): it is prefilled to context - steps first")
     if args.metrics and not args.plot:
         p.error("metrics files are read for --plot only")
+    if args.plot:  # before the benchmark runs: its results are not lost to an ImportError at the end
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as e:
+            p.error(f"--plot needs matplotlib ({first_line(e)}): pip install -r requirements.txt, or run without --plot")
     problem = args.plot and out_dir_problem(args.plot_dir)  # before anything runs: no results lost at the end
     if problem:
         p.error(f"--plot_dir {args.plot_dir} {problem}")

@@ -383,6 +383,7 @@ def test_bench_kv_memory_follows_eq6(bench_json):
     ("baseline", "svformer", None, 0),   # V1 replaces V: no table, so no breakeven to wait for
     ("bov_keep_v", "bov", None, 0),      # the same tables on both sides
     ("bov", "baseline", None, None),     # B caches more per token: it never saves
+    ("bov", "bov_shared_table", None, 0),  # the same cache, 1 table for 4: B saves from the first token
 ])
 def test_bench_breakeven_of_other_pairs(bench_json, a, b, paper, breakeven):
     kv = bench.kv_memory(GPTConfig.preset("paper_135m", a), GPTConfig.preset("paper_135m", b), batch=32)
@@ -395,6 +396,30 @@ def test_bench_breakeven_of_other_pairs(bench_json, a, b, paper, breakeven):
     line = next(l for l in text.splitlines() if "breakeven:" in l)
     assert ("none needed" in line) == (breakeven == 0) and ("saves no cache" in line) == (breakeven is None)
     assert ("eq. 6: T = 8,192" in line) == (paper is not None)
+
+
+def test_bench_plot_without_matplotlib_is_refused_before_the_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--plot", "--plot_dir", str(tmp_path / "plots"), "--quick"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and "error: --plot needs matplotlib" in err[-1]  # after the usage lines
+    assert not (tmp_path / "plots").exists()
+
+
+def test_an_interrupted_plot_keeps_the_previous_png(tmp_path, monkeypatch):
+    import matplotlib.figure
+    path = tmp_path / "fig5a.png"
+    bench.fig5a(str(path))
+    before = path.read_bytes()
+    def half_then_interrupt(fig, fname, **kw):  # Ctrl-C in the middle of writing the file
+        with open(fname, "wb") as f:
+            f.write(before[:16])
+        raise KeyboardInterrupt
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", half_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        bench.fig5a(str(path))
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["fig5a.png"]
 
 
 def test_bench_speed_table_lines_up(bench_json):
