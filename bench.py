@@ -656,7 +656,7 @@ def parse_args(argv=None):
         p.error("metrics files are read for --plot only")
     if args.plot:  # before the benchmark runs: its results are not lost to an ImportError at the end
         try:
-            import matplotlib  # noqa: F401
+            pyplot()
         except ImportError as e:
             p.error(f"--plot needs matplotlib ({first_line(e)}): pip install -r requirements.txt, or run without --plot")
     problem = args.plot and out_dir_problem(args.plot_dir)  # before anything runs: no results lost at the end
