@@ -93,6 +93,39 @@ def test_budget_arithmetic():
     assert train.plan_iterations(s, 1) == 10
 
 
+def test_a_later_config_files_budget_replaces_an_earlier_ones(tmp_path):
+    """nanoGPT's habit: a small override file after a preset. Its budget wins, as any later setting does."""
+    short = tmp_path / "short.py"
+    short.write_text("max_iters = 20\n")
+    paper = os.path.join(HERE, "config", "paper_135m.py")
+    s, _ = train.resolve_settings([paper, str(short)])
+    assert (s["max_iters"], s["target_flops"]) == (20, 0)
+    s, _ = train.resolve_settings([str(short), paper])
+    assert (s["max_iters"], s["target_flops"]) == (0, 1.5e18)
+    s, _ = train.resolve_settings([paper, str(short), "--target_tokens=1e6"])  # --key=value's budget wins over files
+    assert (s["max_iters"], s["target_flops"], s["target_tokens"]) == (0, 0, 1_000_000)
+    short.write_text("max_iters = 20\ntarget_tokens = 1e6\n")
+    with pytest.raises(train.ConfigError, match="give one budget, not target_tokens and max_iters"):
+        train.resolve_settings([paper, str(short)])
+
+
+def test_gpu_rng_states_of_a_run_with_more_gpus_restore_on_fewer(monkeypatch):
+    """A checkpoint holds one CUDA RNG state per visible GPU; resuming where fewer are visible restores those."""
+    import torch.cuda.random
+    states, calls = train.rng_states(), []
+    states["cuda"] = [torch.get_rng_state()] * 8
+    def set_state(state, device="cuda"):
+        if device >= 2:
+            raise IndexError("tuple index out of range")  # what torch does for a device that is not there
+        calls.append(device)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", set_state)
+    monkeypatch.setattr(torch.cuda.random, "set_rng_state", set_state)
+    train.set_rng_states(states)
+    assert calls == [0, 1]
+
+
 def test_the_papers_data_holds_every_run_in_one_epoch():
     """prepare_data.py --source=climbmix's default train tokens hold every 135M run of the README with 5% to
     spare (the paper's regime is one epoch), and the README's 8.5e9 the 780M runs. A run reads at most
@@ -568,6 +601,21 @@ def test_ctrl_c_during_a_save_waits_for_it():
     assert done == [True] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with train.ctrl_c_after():  # without a Ctrl-C, nothing happens
         pass
+
+
+def test_ctrl_c_during_a_save_still_writes_the_metrics_of_that_checkpoint(data_dir, tmp_path, monkeypatch):
+    """metrics.jsonl always matches ckpt.pt: a Ctrl-C held during the save is raised after both are written."""
+    save = GPT.save_checkpoint
+    def interrupted_save(self, path, **kw):
+        os.kill(os.getpid(), signal.SIGINT)
+        save(self, path, **kw)
+    monkeypatch.setattr(GPT, "save_checkpoint", interrupted_save)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        train.main([*TINY, f"--data_dir={data_dir}", "--max_iters=4", "--eval_interval=2", f"--out_dir={out}"])
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] == 2 and [r["step"] for r in records(out, "eval")] == [0, 2]
+    assert [json.loads(json.dumps(r)) for r in ckpt["metrics"]] == [r for r in map(json.loads, open(out / "metrics.jsonl"))]
 
 
 def test_torchrun_environment_is_checked(monkeypatch):

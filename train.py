@@ -157,6 +157,9 @@ def resolve_settings(argv):
                 exec(open(arg).read(), {}, scope)
             except Exception as e:
                 raise ConfigError(f"config file {arg}: {type(e).__name__}: {e}")
+            if not cli_budgets and set(scope) & set(budgets):  # this file's budget replaces an earlier file's
+                for k in budgets:
+                    given.pop(k, None)
             for k, v in scope.items():
                 if not k.startswith("_") and not (cli_budgets and k in budgets):  # --key=value's budget wins
                     like = defaults.get(k, model_defaults.get(k))
@@ -395,8 +398,9 @@ def set_rng_states(states):
     name, keys, pos, has_gauss, gauss = states["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    if "cuda" in states and torch.cuda.is_available():  # a run saved with more GPUs visible resumes on fewer
+        for i, state in enumerate(states["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(state, i)
 
 
 DATA_COUNTS = ("train_tokens", "val_tokens", "train_docs", "val_docs")  # with the tokenizer's SHA-256: which data a run read
@@ -649,16 +653,18 @@ def run(argv):
     peak = next((v for k, v in PEAK_FLOPS.items() if use_cuda and k in torch.cuda.get_device_name(dev)), None)
 
     def checkpoint():
-        try:
-            with ctrl_c_after():  # an interrupted save would read as a failed write
+        """ckpt.pt, then metrics.jsonl to match it; a Ctrl-C meanwhile is raised once both are written."""
+        with ctrl_c_after():
+            try:
                 model.save_checkpoint(ckpt_path, train_config=s, data_dir=os.path.abspath(s["data_dir"]),
                                       tokenizer_sha256=tok_sha, data_counts=data_counts, step=step,
                                       optimizers=[o.state_dict() for o in optimizers], loader=loader.state(),
                                       rng=rng_states(), metrics=metrics, smooth_loss=smooth)
-        except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
-            kept = f"the last good checkpoint {ckpt_path} is kept" if os.path.exists(ckpt_path) else "no checkpoint was written"
-            raise ConfigError(f"could not write the checkpoint at step {step} ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''}; is the disk full?); {kept}") from None
+            except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
+                kept = f"the last good checkpoint {ckpt_path} is kept" if os.path.exists(ckpt_path) else "no checkpoint was written"
+                raise ConfigError(f"could not write the checkpoint at step {step} ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0] if str(e) else ''}; is the disk full?); {kept}") from None
+            write_jsonl(metrics_path, metrics)
 
     def run_eval():
         r = evaluate(model, val, token_bytes, s["device_batch_size"], dev, autocast, rank, world)
@@ -691,7 +697,6 @@ def run(argv):
             check_finite(run_eval()["val_loss"], "val loss")
             if master and (step > start_step or last):
                 checkpoint()
-                write_jsonl(metrics_path, metrics)
             t_last = time.time()  # the step timings leave out evaluation and checkpointing
         if last:
             break
