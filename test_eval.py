@@ -185,6 +185,13 @@ def test_bytes_per_choice_count_a_character_split_between_the_prefix_and_the_spa
     assert [ev.per_byte(12.0, row, tok) for row in rows] == [3.0, 4.0]
 
 
+def test_a_choice_that_prefixes_another_still_scores_a_token():
+    """ "ab" is all shared prefix of "abc": its span would be empty (loss 0, always the winner); the common
+    start moves back one token for every choice instead."""
+    rows = ev.encode(ev.TASKS["arc_easy"], ["ab", "abc"], CharTokenizer(), 100)
+    assert [(s, e) for _, s, e in rows] == [(2, 3), (2, 4)]  # after <|bos|> a: "b" and "bc"
+
+
 def test_scored_spans_of_each_kind():
     tok = CharTokenizer()
     text = lambda row: "".join(map(chr, row[0][row[1]:row[2]]))

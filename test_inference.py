@@ -398,6 +398,13 @@ def test_bench_breakeven_of_other_pairs(bench_json, a, b, paper, breakeven):
     assert ("eq. 6: T = 8,192" in line) == (paper is not None)
 
 
+def test_eq6_bytes_count_the_tables_of_both_sides():
+    """bov_shared_table against bov: the same cache, 3 of bov's 4 tables (|V| x d, bf16) gone at every context."""
+    kv = bench.kv_memory(GPTConfig.preset("paper_135m", "bov"), GPTConfig.preset("paper_135m", "bov_shared_table"), batch=1)
+    for row in kv["rows"]:
+        assert row["eq6_bytes"] == row["net_saving_seq"] == 3 * 32768 * 768 * 2
+
+
 def test_bench_plot_without_matplotlib_is_refused_before_the_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
     with pytest.raises(SystemExit) as e:

@@ -155,6 +155,10 @@ def test_table_rows_are_rms_norm_wte_times_w_v():
     for t, layer in enumerate((4, 5)):
         expected = torch.nn.functional.rms_norm(x0.wte.weight, (48,)) @ x0.blocks[layer].attn.c_v.weight.T
         torch.testing.assert_close(bov.tables[t].weight, expected)
+    torch.manual_seed(3)
+    shared = GPT(tiny("bov_shared_table"))  # one table for layers 4 and 5: the first target layer's W_V
+    expected = torch.nn.functional.rms_norm(x0.wte.weight, (48,)) @ x0.blocks[4].attn.c_v.weight.T
+    torch.testing.assert_close(shared.tables[0].weight, expected)
 
 
 # ---------------------------------------------------------------------------- decoding
@@ -288,6 +292,26 @@ def test_generation_past_block_size_and_sampling_seeded():
     again = model.generate(prompt, 60, temperature=0.8, top_k=5, generator=torch.Generator().manual_seed(1))
     assert out.shape == (1, 70) and torch.equal(out, again)
     assert out.max() < cfg.vocab_size
+
+
+def test_top_k_samples_exactly_the_k_likeliest():
+    logits = torch.randn(3, 97, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(GPT.sample_next(logits, 1.0, top_k=1), logits.argmax(-1, keepdim=True))
+    g = torch.Generator().manual_seed(0)
+    seen = {int(t) for _ in range(400) for t in GPT.sample_next(logits[:1], 5.0, top_k=3, generator=g)}
+    assert seen == set(torch.topk(logits[0], 3).indices.tolist())
+
+
+def test_a_full_cache_restarts_from_the_last_half_block(monkeypatch):
+    model = build(tiny("bov", block_size=32, window_pattern="L"))
+    prefills, forward = [], GPT.forward
+    def spy(self, idx, *a, cache=None, **k):
+        if cache is not None and cache.pos == 0:
+            prefills.append(idx.size(1))
+        return forward(self, idx, *a, cache=cache, **k)
+    monkeypatch.setattr(GPT, "forward", spy)
+    model.generate(batch(model.config, B=1, T=10), 60, temperature=0)
+    assert prefills == [10, 16, 16, 16]  # the prompt, then 16 = 32 / 2 each time the 32 positions fill
 
 
 def test_generation_without_cache_crops_to_the_last_block():

@@ -196,6 +196,25 @@ def test_loader_covers_every_token_once_and_starts_rows_at_bos():
     assert loader.epoch >= 1 and not np.array_equal(loader.plan(1)[1], loader.plan(0)[1])
 
 
+def test_the_loader_crosses_into_the_next_epoch_row_for_row():
+    """next_rows() past the end of epoch 0 continues with the first row of epoch 1's plan: none skipped or repeated."""
+    bos, T = 0, 16
+    rng = np.random.default_rng(1)
+    docs = [np.concatenate([[bos], rng.integers(1, 50, size=n)]) for n in (5, 40, 3, 7, 100, 12)]
+    loader, ref = (train.Batches([np.concatenate(docs)], bos, T, seed=0) for _ in range(2))
+    want = []
+    for epoch in (0, 1):
+        ptr, segs = ref.plan(epoch)
+        want += [np.concatenate([ref.read(s, n) for s, n in segs[ptr[r]:ptr[r + 1]]]) for r in range(len(ptr) - 1)]
+    got = loader.next_rows(len(want))
+    assert all(np.array_equal(g[:len(w)], w) and (g[len(w):] == -1).all() for g, w in zip(got, want))
+
+
+def test_validation_rows_score_every_token_once():
+    rows = train.val_rows([np.arange(100)], 8, 64)
+    assert np.array_equal(rows[:, 1:].ravel(), np.arange(1, 65))
+
+
 def test_bits_per_byte_against_the_formula():
     """A model that predicts the uniform distribution loses ln|V| nats on every token."""
     V, T = 50, 8
