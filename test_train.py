@@ -337,6 +337,7 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     assert "--compile must be one of" in error([*base, "--compile=maybe"])
     assert "--device foo is not usable here: not a device type torch knows" in error([*base, "--device=foo"])
     assert "less than one row of block_size=32" in error([*base, "--eval_tokens=10"])
+    assert f"--out_dir {data_dir}/ is the data folder" in error([*TINY, f"--data_dir={data_dir}", f"--out_dir={data_dir}/", "--max_iters=2"])
     bad_file = tmp_path / "bad_config.py"
     bad_file.write_text("size = 'cpu\n")
     assert f"config file {bad_file}: SyntaxError" in error([str(bad_file), *base])

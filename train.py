@@ -571,6 +571,8 @@ def run(argv):
     dev, rank, world, ddp = setup_device(s)
     made = missing_top(s["out_dir"])  # what out_dir_problem makes
     problem = out_dir_problem(s["out_dir"])
+    if os.path.realpath(s["out_dir"]) == os.path.realpath(s["data_dir"]):  # (its lock would read as another run's)
+        problem = "is the data folder (--data_dir); choose another --out_dir"
     if problem:
         raise ConfigError(f"--out_dir {s['out_dir']} {problem}")
     if s["core_eval"] and master:  # the bundle and the tokenizer before training, not after it
