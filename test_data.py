@@ -599,3 +599,52 @@ def test_shakespeare_default(tmp_path, monkeypatch):
     assert got["val"][0].startswith("# ")  # a play starts with its title
     assert not any("  \n" in t or "\\" in t for t in plays.values())  # no Markdown hard breaks or escapes
     assert 1_000_000 < meta["train_tokens"] < 2_000_000
+
+
+# ---------------------------------------------------------------------------- the shard dtype, blank JSONL lines, --force
+
+@pytest.mark.parametrize("n_ranks, dtype", [(65535, "uint16"), (65536, "uint32")])
+def test_uint32_from_a_vocabulary_of_65537(tmp_path, monkeypatch, n_ranks, dtype):
+    """Mutant P1 (prepare): uint16 up to a vocabulary of 65537, where bos (id 65536) wraps to 0."""
+    import tiktoken_ext.openai_public as openai_public
+    (tmp_path / "c").mkdir()
+    for i, d in enumerate(make_docs()):
+        (tmp_path / "c" / f"{i}.txt").write_text(d, encoding="utf-8")
+    ranks = [bytes([i]) for i in range(256)] + [bytes([a, b]) for a in range(256) for b in range(256)]
+    ranks = ranks[:n_ranks]
+    fake = {"name": "gpt2", "pat_str": openai_public.r50k_pat_str, "special_tokens": {"<|endoftext|>": len(ranks)},
+            "mergeable_ranks": {b: i for i, b in enumerate(ranks)}}
+    monkeypatch.setattr(openai_public, "gpt2", lambda: fake)
+    monkeypatch.setattr(pd, "_gpt2_cached", lambda: True)
+    out = tmp_path / "g"
+    assert prep("--source", f"files:{tmp_path / 'c' / '*.txt'}", "--tokenizer", "gpt2", "--val_tokens", 3000,
+                "--out_dir", out) is None
+    meta = pd.load_meta(out)
+    assert meta["vocab_size"] == n_ranks + 1 and meta["dtype"] == dtype
+    assert all(t[0] == n_ranks for t in pd.load_tokens(out, "train"))  # every shard starts with bos, unwrapped
+
+
+def test_jsonl_blank_lines_are_skipped(tmp_path):
+    """Mutant P4 (_texts_of): blank lines of a .jsonl read as invalid JSON."""
+    docs = make_docs()
+    with open(tmp_path / "d.jsonl", "w", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d}) + "\n\n  \n")
+    assert prep("--source", f"files:{tmp_path / 'd.jsonl'}", "--vocab_size", 300, "--val_tokens", 500,
+                "--out_dir", tmp_path / "out") is None
+    meta = pd.load_meta(tmp_path / "out")
+    assert meta["train_docs"] + meta["val_docs"] == len(docs)
+
+
+def test_force_removes_the_old_shards(tmp_path):
+    """Mutant P6 (load_state): --force keeps the previous run's shards; those past the new run's count stay behind."""
+    (tmp_path / "c").mkdir()
+    for i, d in enumerate(make_docs()):
+        (tmp_path / "c" / f"{i}.txt").write_text(d, encoding="utf-8")
+    args = ("--source", f"files:{tmp_path / 'c' / '*.txt'}", "--vocab_size", 300, "--val_tokens", 500, "--out_dir", tmp_path / "d")
+    assert prep(*args, "--shard_tokens", 1000) is None
+    assert len(pd.load_meta(tmp_path / "d")["train_shards"]) > 3
+    assert prep(*args, "--shard_tokens", 10 ** 6, "--force") is None
+    meta = pd.load_meta(tmp_path / "d")
+    listed = {s["file"] for s in meta["train_shards"] + meta["val_shards"]}
+    assert {f for f in os.listdir(tmp_path / "d") if f.endswith(".bin")} == listed

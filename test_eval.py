@@ -617,3 +617,46 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
     saved = json.loads((run / "core_eval.json").read_text())
     assert f"CORE {saved['core']:.4f}; wrote {run / 'core_eval.json'}" in capsys.readouterr().out
     assert list(saved["tasks"]) == list(ev.TASKS) and saved["ckpt"] == str(run / "ckpt.pt")
+
+
+# ---------------------------------------------------------------------------- few-shot prompts, partial runs
+
+def test_a_subset_gives_each_item_the_prompt_of_a_full_run(tmp_path, monkeypatch):
+    """Mutant E1 (evaluate_task): few-shot examples drawn from the first n items only (--max_per_task)."""
+    seen = []
+    score = ev.score
+    monkeypatch.setattr(ev, "score", lambda model, rows, *a, **k: (seen.append(list(rows)), score(model, rows, *a, **k))[1])
+    data = fixture_items("arc_easy", 40, seed=2)
+    ev.evaluate_task(RuleModel(), CharTokenizer(), "arc_easy", data, n=5)
+    ev.evaluate_task(RuleModel(), CharTokenizer(), "arc_easy", data)
+    subset, full = seen
+    assert subset == full[:len(subset)]
+
+
+def test_schema_shots_show_their_gold_option():
+    """Mutant E2 (render, schema): a few-shot example shows context option 0, not the gold one."""
+    items = fixture_items("winogrande", 30, seed=5)
+    task = ev.TASKS["winogrande"]
+    for i, item in enumerate(items):
+        shots = [items[j] for j in ev.fewshot_indices(len(items), i, task.shots)]
+        for prompt in ev.render(task, item, shots):
+            blocks = prompt.split("\n\n")
+            assert len(blocks) == task.shots + 1
+            for b, s in zip(blocks, shots):
+                assert b == f"{s['context_options'][s['gold']]}{task.delimiter}{s['continuation']}"
+    assert any(s["gold"] == 1 for s in items)
+
+
+def test_max_per_task_alone_never_replaces_a_full_result(tmp_path, monkeypatch):
+    """Mutant E5 (main): `partial = bool(args.tasks)`, so --max_per_task without --tasks writes core_eval.json."""
+    ckpt = tmp_path / "ckpt.pt"
+    ckpt.write_bytes(b"")
+    (tmp_path / "core_eval.json").write_text("the full result")
+    model = SimpleNamespace(config=SimpleNamespace(vocab_size=128))
+    monkeypatch.setattr(ev, "get_bundle", lambda path: "bundle")
+    monkeypatch.setattr(ev, "GPT", SimpleNamespace(from_checkpoint=lambda *a: (model, {})))
+    monkeypatch.setattr(ev, "checkpoint_tokenizer", lambda *a: CharTokenizer())
+    monkeypatch.setattr(ev, "evaluate_core", lambda *a: {"core": 0.0, "tasks": {}, "max_per_task": 3, "bundle": "bundle"})
+    ev.main(["--ckpt", str(ckpt), "--max_per_task", "3", "--device", "cpu"])
+    assert (tmp_path / "core_eval.json").read_text() == "the full result"
+    assert json.loads((tmp_path / "core_eval_partial.json").read_text())["max_per_task"] == 3

@@ -554,3 +554,67 @@ def test_bench_bad_arguments_are_one_line_errors(capsys):
             bench.main(["--device", device, "--threads", "1"])
         assert e.value.code == f"bench.py: error: --device {device} is not usable here: {why}" + (
             " (cpu, cuda, cuda:N, mps, ...)" if device == "nope" else "")
+
+
+# ---------------------------------------------------------------------------- sample timings, the benchmark's bookkeeping
+
+def test_timings_count_every_sample(tiny, capsys):
+    """Mutant S4 (sample.py main): `totals = list(generate(...))`, so only the last sample is counted."""
+    path, tok, _ = tiny
+    prompt = [tok.bos_id] + tok.encode("the bank")
+    err = run_sample(capsys, "--ckpt", path, "--start", "the bank", "--num_samples", 3, "--max_new_tokens", 5,
+                     "--temperature", 0).err
+    assert f"prefill {3 * len(prompt)} tokens at" in err and "decode 12 tokens at" in err
+
+
+def test_paired_gives_medians_and_quartiles_around_the_ratio():
+    """Mutants B3 (ratio = mean of the ratios), B4 (q1 and q3 swapped), B5 (b = the median of a)."""
+    m = bench.paired([1.0, 2.0, 4.0], [3.0, 6.0, 120.0])  # ratios 3, 3, 30
+    assert (m["a"], m["b"], m["ratio"]) == (2.0, 6.0, 3.0)
+    assert m["ratio_q1"] <= m["ratio"] <= m["ratio_q3"] and m["ratio_q1"] < m["ratio_q3"]
+
+
+def test_measure_alternates_the_order_and_files_each_number_under_its_name(monkeypatch):
+    """Mutants B1 (order always A B), B6 (prefill filed with the decode numbers), B8 (the train-step memory
+    ratio taken from the decode memory)."""
+    orders, trains = [], []
+
+    def fake_time_decode(benches, context, steps, order):
+        orders.append(tuple(order))
+        return [1000.0, 3000.0], [10.0, 15.0]
+
+    class Fake:
+        def __init__(self, k):
+            self.k = k
+
+        def time_train_step(self):
+            trains.append(self.k)
+            return 10.0 * (self.k + 1)
+
+        def memory(self, context, steps):
+            return 100 * (self.k + 1), 1000 * (self.k + 1) ** 2
+
+    monkeypatch.setattr(bench, "time_decode", fake_time_decode)
+    out = bench.measure([Fake(0), Fake(1)], [16], 4, 3, lambda msg: None)
+    assert set(orders) == {(0, 1), (1, 0)} and all(a != b for a, b in zip(orders, orders[1:]))  # A B, B A, ...
+    assert [tuple(trains[i:i + 2]) for i in range(0, len(trains), 2)] == orders  # train steps in the same order
+    assert out["prefill_tok_s"][16] == dict(a=1000.0, b=3000.0, ratio=3.0, ratio_q1=3.0, ratio_q3=3.0)
+    assert out["decode_tok_s"][16]["ratio"] == 1.5 and out["train_step_ms"]["ratio"] == 2.0
+    assert out["peak_bytes"]["decode"]["ratio"] == 2.0 and out["peak_bytes"]["train_step"]["ratio"] == 4.0
+
+
+def test_time_decode_rates_count_the_prefilled_and_decoded_tokens():
+    """Mutant B7 (time_decode): prefill tok/s counted over `context` tokens, not the context - steps prefilled."""
+    class Fake:
+        prompt = torch.zeros(2, 1)
+
+        def timed(self, run, *args):
+            return run(*args), 0.5
+
+        def prefill(self, n):
+            return "tok"
+
+        def step(self, tok):
+            return tok
+    prefill, decode = bench.time_decode([Fake(), Fake()], 40, 4, (0, 1))
+    assert prefill == [2 * 36 / 0.5] * 2 and decode == [2 * 4 / (4 * 0.5)] * 2

@@ -18,7 +18,7 @@ import torch
 
 import train
 from model import GPT, GPTConfig
-from prepare_data import load_meta
+from prepare_data import load_meta, load_tokens
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # A model small enough that a step takes milliseconds on a CPU.
@@ -702,3 +702,39 @@ def test_a_failed_save_or_damaged_data_is_one_line(data_dir, tmp_path, monkeypat
     np.memmap(damaged / train_shard, dtype=np.uint16, mode="r+", offset=24)[1::7] = 299 + 1000  # all through the shard, so the first batch meets one
     with pytest.raises(train.DataError, match=r"the train data in .* holds token id 1299, outside the model's vocabulary of 300"):
         train.main([*TINY, f"--data_dir={damaged}", f"--out_dir={tmp_path / 'run2'}", "--max_iters=2"])
+
+
+# ---------------------------------------------------------------------------- epoch warnings, the logged loss, table_lr and weight decay
+
+def test_a_real_run_past_one_epoch_warns_and_logs_the_debiased_loss(data_dir, tmp_path, capsys):
+    """Mutants T2 (the epoch warning only past 2 epochs), T3 ("starts epoch 1" for the second epoch),
+    T4 (the logged loss not debiased: 0.1 x the loss at step 1)."""
+    meta = load_meta(data_dir)
+    epoch_tokens = train.Batches(load_tokens(data_dir, "train"), meta["bos_id"], 32, 3).rows_per_epoch() * 32
+    iters = 3 * epoch_tokens // 2 // 128 + 1  # 1.5 epochs at TINY's 128 tokens a step
+    out = str(tmp_path / "run")
+    train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", f"--max_iters={iters}", "--eval_interval=100000"])
+    stdout = capsys.readouterr().out
+    assert f"WARNING: this run reads {iters * 128 / epoch_tokens:.2f} epochs of {data_dir}" in stdout
+    assert re.search(rf"WARNING: step \d+ starts epoch 2 of {re.escape(data_dir)}", stdout)
+    assert "starts epoch 1 of" not in stdout and "starts epoch 3 of" not in stdout
+    logged = {int(k): float(v) for k, v in re.findall(r"^step (\d+)/\d+ \| loss ([\d.]+)", stdout, re.M)}
+    l1, l2 = [r["loss"] for r in records(out, "train")][:2]
+    assert logged[1] == pytest.approx(l1, abs=1e-4)
+    assert logged[2] == pytest.approx((0.09 * l1 + 0.1 * l2) / 0.19, abs=1e-4)
+
+
+def test_table_lr_and_weight_decay_reach_the_optimizers_and_bind_a_resume(data_dir, tmp_path):
+    """Mutants T9 (--table_lr not passed to configure_optimizers) and T10 (a resume with another
+    table_lr or weight_decay accepted)."""
+    base = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", "--max_iters=2", "--variant=bov"]
+    train.main([*base, "--table_lr=0.05", "--weight_decay=0.1"])
+    ckpt = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)
+    muon, adamw = (o["param_groups"] for o in ckpt["optimizers"])
+    tables = [g for g in adamw if g["name"] == "tables"]
+    assert len(tables) == 1 and tables[0]["initial_lr"] == pytest.approx(0.05 * (32 / 768) ** -0.5)
+    assert muon[0]["weight_decay"] == 0.1
+    for flag, expected in (("--table_lr=0.06", "table_lr=0.05 there, 0.06 here"),
+                           ("--weight_decay=0.2", "weight_decay=0.1 there, 0.2 here")):
+        with pytest.raises(train.ConfigError, match=re.escape(expected)):
+            train.main([*base, "--table_lr=0.05", "--weight_decay=0.1", flag, "--resume"])
