@@ -72,7 +72,10 @@ class GPTConfig:
         bad = sorted(set(overrides) - names)
         if bad:
             raise ValueError(f"unknown GPTConfig field(s) {', '.join(bad)}; fields are {', '.join(sorted(names))}")
-        return cls(**{**SIZES[size], **VARIANTS[variant], **overrides})
+        try:
+            return cls(**{**SIZES[size], **VARIANTS[variant], **overrides})
+        except ValueError as e:  # say which preset: a variant's own layer list may not fit every size
+            raise ValueError(f"{e} (size {size}, variant {variant})") from None
 
     # -- derived quantities ---------------------------------------------------
 
@@ -862,7 +865,7 @@ def describe_presets(size):
         try:
             cfg = GPTConfig.preset(size, name)
         except ValueError as e:  # e.g. a variant's own layer list that this size does not have
-            missing.append(f"{name}: not at this size ({str(e).removeprefix('bad GPTConfig: ')})")
+            missing.append(f"{name}: not at this size ({str(e).removeprefix('bad GPTConfig: ').split(' (size ')[0]})")
             continue
         m = GPT.meta(cfg)
         n = m.num_params()

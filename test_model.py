@@ -3,6 +3,7 @@
 import io
 import math
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -45,11 +46,19 @@ def batch(cfg, B=2, T=40, seed=0):
 # ---------------------------------------------------------------------------- presets
 
 def test_sizes_and_variants_are_the_documented_names():
+    """The README's variant table lists every preset once (a new variant needs its row there)."""
     assert list(SIZES) == ["paper_135m", "paper_780m", "cpu"]
-    expected = ["baseline", "bov"] + [f"t1_r{i:02d}" for i in range(1, 14)] + [
-        "bov_shared_table", "bov_fixed_coeff", "bov_every_layer", "bov_keep_v",
-        "value_embed_gated", "resformer", "svformer"]
-    assert sorted(VARIANTS) == sorted(expected)
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")) as f:
+        table = f.read().split("| variant | paper |", 1)[1].split("\n\n", 1)[0]
+    documented = [name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", row.split("|")[1])]
+    assert sorted(documented) == sorted(VARIANTS)
+    assert {"baseline", "bov", "t1_r13", "svformer"} <= set(VARIANTS)
+
+
+def test_a_preset_that_does_not_fit_names_its_size_and_variant():
+    with pytest.raises(ValueError, match=r"^bad GPTConfig: bov_layers as a list must hold layer indices in \[0, 6\), "
+                                         r"got \(8,\) \(size cpu, variant bov\)$"):
+        GPTConfig.preset("cpu", "bov", bov_layers=(8,))
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
