@@ -129,7 +129,8 @@ def kv_memory(cfg_a, cfg_b, batch, dtype=KV_DTYPE):
 
 
 def measured_flops(cfg, device):
-    """(FlopCounterMode FLOPs per token of one forward+backward, estimate_flops) with full windows."""
+    """(FlopCounterMode FLOPs per token of one forward+backward, estimate_flops), every window the whole
+    context (window_pattern L): a masked SDPA is counted over all T x T scores, the estimate over the window."""
     cfg = replace(cfg, window_pattern="L")
     torch.manual_seed(0)
     model = GPT(cfg, device=device)
@@ -532,7 +533,8 @@ def report(r):
         lines.append(f"  {row['size']:<11} {row['variant']:<18} {row['dense_params']:>13,} {row['table_params']:>13,} "
                      f"{row['flops_per_token']:>14,} {budget:>8} {tokens:>7}")
     f = r["flops_measured"]
-    lines += ["", f"FLOPs per token measured (FlopCounterMode, one forward+backward of {f['tokens']} tokens, full windows)"]
+    lines += ["", f"FLOPs per token measured (FlopCounterMode, one forward+backward of {f['tokens']} tokens, window_pattern L: "
+              f"every window the whole context, so these differ from the plan's FLOPs)"]
     for k, name in (("a", a), ("b", b)):
         lines.append(f"  {name:<18} measured {f[k]['measured']:>14,.0f}   estimate {f[k]['estimate']:>14,}   "
                      f"measured/estimate {f[k]['measured'] / f[k]['estimate']:.4f}")

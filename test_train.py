@@ -59,7 +59,7 @@ def test_dry_run_plans_the_papers_135m_budget_fast(capsys):
     train.main(["--size=paper_135m", "--variant=baseline", "--target_flops=1.5e18", "--dry_run", "--data_dir=/nonexistent"])
     out = capsys.readouterr().out
     assert "759,693,312 FLOPs/token" in out
-    assert "-> 3,766 iterations" in out and "1.97B" in out and "tokens:params 17.9" in out
+    assert "-> 3,766 iterations" in out and "1.97B" in out and "tokens:params 17.9 (over the 110.1" in out
     assert time.time() - t < 5  # a meta-device model: nothing allocated, no data read
     train.main(["--size=paper_135m", "--variant=bov", "--dry_run", "--data_dir=/nonexistent"])
     # BoV's lower FLOPs/token (745,537,536) buy more steps for the same 1.5e18 FLOPs
@@ -69,9 +69,11 @@ def test_dry_run_plans_the_papers_135m_budget_fast(capsys):
 
 def test_dry_run_takes_the_vocabulary_the_real_run_would(data_dir, capsys):
     """The cpu size's vocabulary is the prepared data's (300 here), in the dry run as in the real run."""
-    train.main([*TINY, f"--data_dir={data_dir}", "--max_iters=2", "--dry_run"])
+    train.main([*TINY, f"--data_dir={data_dir}", "--max_iters=3", "--dry_run"])
     out = capsys.readouterr().out
     assert '"vocab_size": 300' in out and "WARNING" not in out
+    train.main([*TINY, f"--data_dir={data_dir}", "--max_iters=2", "--dry_run"])  # TINY warms up over 2 steps
+    assert "WARNING: warmup_iters=2 is not below the run's 2 iterations: the whole run is warm-up" in capsys.readouterr().out
 
 
 def test_a_run_past_one_epoch_is_warned_of_in_the_dry_run_too(data_dir, capsys):
@@ -337,6 +339,8 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     assert "--compile must be one of" in error([*base, "--compile=maybe"])
     assert "--device foo is not usable here: not a device type torch knows" in error([*base, "--device=foo"])
     assert "less than one row of block_size=32" in error([*base, "--eval_tokens=10"])
+    assert "= 4 x 32 x 1; e.g. --device_batch_size=3" in error([*base, "--total_batch_tokens=96"])
+    assert "; give a multiple of 32" in error([*base, "--total_batch_tokens=100"])
     assert f"--out_dir {data_dir}/ is the data folder" in error([*TINY, f"--data_dir={data_dir}", f"--out_dir={data_dir}/", "--max_iters=2"])
     bad_file = tmp_path / "bad_config.py"
     bad_file.write_text("size = 'cpu\n")
@@ -348,6 +352,8 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     assert "pass --resume" in error(base)                                   # never overwrite a run
     assert "different model" in error([*base, "--resume", "--n_layer=3"])   # another config
     assert "other settings" in error([*base, "--resume", "--seed=4"])
+    assert "(the learning-rate schedule is planned from the budget, so a run cannot be lengthened)" in error(
+        [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=3", "--resume"])
     assert "matrix_lr=0.02 there, 0.03 here" in error([*base, "--resume", "--matrix_lr=0.03"])
     assert open(ckpt, "rb").read() == before
     open(ckpt, "wb").write(before[:len(before) // 2])                       # truncated
@@ -475,6 +481,8 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path, monkeypat
 def test_help_and_ctrl_c_are_not_tracebacks(data_dir, tmp_path):
     r = run_train(["--help"])
     assert r.returncode == 0 and "--matrix_lr=0.02" in r.stdout and "Settings resolve in this order" in r.stdout
+    assert "\n  cpu: target_flops=1.15e+13, total_batch_tokens=4096," in r.stdout  # what the default size changes
+    assert "Variants (--variant): baseline, bov, t1_r01," in r.stdout
     p = subprocess.Popen([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}",
                           "--max_iters=100000", "--eval_interval=100000"], cwd=HERE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
@@ -484,7 +492,7 @@ def test_help_and_ctrl_c_are_not_tracebacks(data_dir, tmp_path):
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and "Traceback" not in err
-    assert err.strip().splitlines() == ["interrupted; no checkpoint was written yet (the first comes at step eval_interval)"]
+    assert err.strip().splitlines() == ["interrupted; no checkpoint was written yet (the first comes at step 100000)"]
     assert not (tmp_path / "run").exists()  # nothing was saved: no folder, no empty metrics.jsonl for --plot to trip on
     p = subprocess.Popen([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run2'}",
                           "--max_iters=100000", "--eval_interval=2"], cwd=HERE, stdout=subprocess.PIPE,
@@ -621,6 +629,27 @@ def test_ctrl_c_during_a_save_waits_for_it():
     assert done == [True] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with train.ctrl_c_after():  # without a Ctrl-C, nothing happens
         pass
+
+
+def test_a_run_stopped_before_training_names_the_checkpoint_it_leaves(data_dir, tmp_path, monkeypatch):
+    """The last line of a stopped run (stopped_note) names the checkpoint that --resume continues from, even
+    when it stops while loading, before the model exists; without one it says when the first comes."""
+    out = tmp_path / "run"
+    args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=2", "--eval_interval=7"]
+    monkeypatch.setitem(train.RUN, "ckpt", None)
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+    with monkeypatch.context() as m:
+        m.setattr(train, "Batches", stop)  # Ctrl-C while the data loads
+        with pytest.raises(KeyboardInterrupt):
+            train.main(args)
+    assert train.stopped_note() == "no checkpoint was written yet (the first comes at step 7)"
+    train.main(args)
+    monkeypatch.setitem(train.RUN, "ckpt", None)
+    monkeypatch.setattr(train, "Batches", stop)
+    with pytest.raises(KeyboardInterrupt):
+        train.main([*args, "--resume"])
+    assert train.stopped_note() == f"{out / 'ckpt.pt'}, from the last evaluation, continues with --resume"
 
 
 def test_ctrl_c_during_a_save_still_writes_the_metrics_of_that_checkpoint(data_dir, tmp_path, monkeypatch):

@@ -451,7 +451,8 @@ def load_resume(path, s, model_config, tok_sha, data_counts):
     saved = ckpt["train_config"]
     diff = ", ".join(f"{k}={saved.get(k)!r} there, {s[k]!r} here" for k in must_match if saved.get(k) != s[k])
     if diff:
-        raise ConfigError(f"--resume: {path} was trained with other settings ({diff}); use the same ones")
+        raise ConfigError(f"--resume: {path} was trained with other settings ({diff}); use the same ones (the "
+                          f"learning-rate schedule is planned from the budget, so a run cannot be lengthened)")
     return ckpt
 
 
@@ -527,6 +528,7 @@ def main(argv):
 
 def run(argv):
     s, model_overrides = resolve_settings(argv)
+    RUN["ckpt"], RUN["eval_interval"] = os.path.join(s["out_dir"], CKPT), s["eval_interval"]  # for stopped_note()
     master = ranks()[1] == 0
     log = print if master else (lambda *a, **k: None)
 
@@ -558,11 +560,17 @@ def run(argv):
               f"{s['target_tokens']:,} tokens" if s["target_tokens"] else "--max_iters")
     human = f"{tokens / 1e9:.2f}B" if tokens >= 1e8 else f"{tokens / 1e6:.2f}M"
     log(f"plan: {budget} -> {iters:,} iterations, {tokens:,} tokens ({human}), "
-        f"{flops_per_token * tokens:.3g} FLOPs, tokens:params {tokens / counts['scaling']:.3g}")
+        f"{flops_per_token * tokens:.3g} FLOPs, tokens:params {tokens / counts['scaling']:.3g} "
+        f"(over the {counts['scaling'] / 1e6:.2f}M matrix weights, Table 6's base)")
     world = ranks()[3]
     if s["total_batch_tokens"] % (s["device_batch_size"] * T * world):
+        fits = next((b for b in range(s["device_batch_size"], 0, -1) if s["total_batch_tokens"] % (b * T * world) == 0), None)
         raise ConfigError(f"total_batch_tokens {s['total_batch_tokens']:,} is not a multiple of "
-                          f"device_batch_size x block_size x ranks = {s['device_batch_size']} x {T} x {world}")
+                          f"device_batch_size x block_size x ranks = {s['device_batch_size']} x {T} x {world}; "
+                          + (f"e.g. --device_batch_size={fits}" if fits else f"give a multiple of {T * world:,}"))
+    if s["warmup_iters"] >= iters:
+        log(f"WARNING: warmup_iters={s['warmup_iters']} is not below the run's {iters} iterations: the whole run is "
+            f"warm-up; lower --warmup_iters or raise the budget")
     if s["dry_run"]:
         if meta is not None and tokens > meta["train_tokens"]:  # the real run counts rows (padding included)
             log(f"WARNING: this run would read about {tokens / meta['train_tokens']:.2f} epochs of {s['data_dir']} "
@@ -608,7 +616,7 @@ def run(argv):
     model = GPT(model_config, device=dev)
     optimizers = model.configure_optimizers(s["matrix_lr"], s["embedding_lr"], s["unembedding_lr"],
                                             s["scalar_lr"], s["table_lr"], s["weight_decay"])
-    ckpt_path = RUN["ckpt"] = os.path.join(s["out_dir"], CKPT)
+    ckpt_path = RUN["ckpt"]
     if master:  # one run per --out_dir: a second would overwrite the first's checkpoint and metrics
         os.makedirs(s["out_dir"], exist_ok=True)
         RUN["out_lock"] = lock_folder(s["out_dir"], True, f"another train.py is writing {s['out_dir']}; wait for it to "
@@ -759,10 +767,21 @@ def run(argv):
     return final
 
 
+def stopped_note():
+    """What a stopped run leaves, for its last line."""
+    if RUN["ckpt"] and os.path.exists(RUN["ckpt"]):
+        return f"{RUN['ckpt']}, from the last evaluation, continues with --resume"
+    return f"no checkpoint was written yet (the first comes at step {RUN.get('eval_interval', 'eval_interval')})"
+
+
 def usage():
     """--help: the docstring, then every setting with its default."""
     keys = "\n".join(f"  --{k}={globals()[k]!r}" for k in TRAIN_KEYS)
-    return (f"{__doc__.strip()}\n\nTraining settings and their defaults (sizes change some, see SIZE_DEFAULTS):\n{keys}\n"
+    sizes = "\n".join(f"  {size}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items())
+                      for size, d in SIZE_DEFAULTS.items())
+    return (f"{__doc__.strip()}\n\nTraining settings and their defaults:\n{keys}\n"
+            f"\nWhat each --size sets instead (the default size is {size!r}):\n{sizes}\n"
+            f"\nVariants (--variant): {', '.join(VARIANTS)}"
             f"\nModel settings (GPTConfig fields; default: the size's): {', '.join(MODEL_KEYS)}")
 
 
@@ -773,16 +792,14 @@ if __name__ == "__main__":
         sys.exit(0)
     if sys.stdout is not None:  # None when started with stdout closed (`>&-`): print() then writes nothing
         sys.stdout.reconfigure(line_buffering=True)  # `python train.py | tee log` shows each line as it is logged
-    kept = lambda: (f"{RUN['ckpt']}, from the last evaluation, continues with --resume" if RUN["ckpt"] and os.path.exists(RUN["ckpt"])
-                    else "no checkpoint was written yet (the first comes at step eval_interval)")
     try:
         main(sys.argv[1:])
     except KeyboardInterrupt:
-        print(f"interrupted; {kept()}", file=sys.stderr)
+        print(f"interrupted; {stopped_note()}", file=sys.stderr)
         sys.exit(130)
     except BrokenPipeError:  # the reader of stdout left (`python train.py | head`): stop, like Ctrl-C, in one line
         silence_stdout()
-        print(f"stopped: the reader of stdout left; {kept()}", file=sys.stderr)
+        print(f"stopped: the reader of stdout left; {stopped_note()}", file=sys.stderr)
         sys.exit(1)
     except Exception as e:
         from eval import EvalError
