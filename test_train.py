@@ -351,7 +351,7 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     before = open(ckpt, "rb").read()
     assert "pass --resume" in error(base)                                   # never overwrite a run
     assert "different model" in error([*base, "--resume", "--n_layer=3"])   # another config
-    assert "other settings" in error([*base, "--resume", "--seed=4"])
+    assert error([*base, "--resume", "--seed=4"]).endswith("other settings (seed=3 there, 4 here); use the same ones")
     assert "(the learning-rate schedule is planned from the budget, so a run cannot be lengthened)" in error(
         [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=3", "--resume"])
     assert "matrix_lr=0.02 there, 0.03 here" in error([*base, "--resume", "--matrix_lr=0.03"])
@@ -643,7 +643,7 @@ def test_a_run_stopped_before_training_names_the_checkpoint_it_leaves(data_dir, 
         m.setattr(train, "Batches", stop)  # Ctrl-C while the data loads
         with pytest.raises(KeyboardInterrupt):
             train.main(args)
-    assert train.stopped_note() == "no checkpoint was written yet (the first comes at step 7)"
+    assert train.stopped_note() == "no checkpoint was written yet (the first comes at step 2)"  # the last step saves
     train.main(args)
     monkeypatch.setitem(train.RUN, "ckpt", None)
     monkeypatch.setattr(train, "Batches", stop)

@@ -451,8 +451,10 @@ def load_resume(path, s, model_config, tok_sha, data_counts):
     saved = ckpt["train_config"]
     diff = ", ".join(f"{k}={saved.get(k)!r} there, {s[k]!r} here" for k in must_match if saved.get(k) != s[k])
     if diff:
-        raise ConfigError(f"--resume: {path} was trained with other settings ({diff}); use the same ones (the "
-                          f"learning-rate schedule is planned from the budget, so a run cannot be lengthened)")
+        budget = any(saved.get(k) != s[k] for k in ("target_flops", "target_tokens", "max_iters"))
+        raise ConfigError(f"--resume: {path} was trained with other settings ({diff}); use the same ones"
+                          + (" (the learning-rate schedule is planned from the budget, so a run cannot be lengthened)"
+                             if budget else ""))
     return ckpt
 
 
@@ -548,6 +550,7 @@ def run(argv):
     flops_per_token = shapes.estimate_flops()
     counts = shapes.num_params()
     iters = plan_iterations(s, flops_per_token)
+    RUN["eval_interval"] = min(s["eval_interval"], iters)  # the last step evaluates and saves too
     T = model_config.block_size
     tokens = iters * s["total_batch_tokens"]
 
@@ -564,7 +567,7 @@ def run(argv):
         f"(over the {counts['scaling'] / 1e6:.2f}M matrix weights, Table 6's base)")
     world = ranks()[3]
     if s["total_batch_tokens"] % (s["device_batch_size"] * T * world):
-        fits = next((b for b in range(s["device_batch_size"], 0, -1) if s["total_batch_tokens"] % (b * T * world) == 0), None)
+        fits = next((b for b in range(min(s["device_batch_size"], s["total_batch_tokens"] // (T * world)), 0, -1) if s["total_batch_tokens"] % (b * T * world) == 0), None)
         raise ConfigError(f"total_batch_tokens {s['total_batch_tokens']:,} is not a multiple of "
                           f"device_batch_size x block_size x ranks = {s['device_batch_size']} x {T} x {world}; "
                           + (f"e.g. --device_batch_size={fits}" if fits else f"give a multiple of {T * world:,}"))
