@@ -12,7 +12,7 @@ Benchmark two presets side by side (default: baseline vs bov) and print one read
 What it reports, per preset A and B and as the ratio B/A:
   accounting   dense and table parameters, training FLOPs/token (GPT.estimate_flops), and the tokens that
                the paper's FLOPs budgets buy (1.5e18 at paper_135m, Section 3; 3.91e19 at paper_780m,
-               Section 5); analytic, on the meta device, for every size in model.SIZES
+               Section 5); analytic, on the meta device, for the two paper sizes and the measured size (with --config)
   FLOPs        measured with FlopCounterMode on one forward+backward of the benchmark model, next to the
                estimate (windows made full, "L": the counter counts masked attention as dense)
   KV cache     analytic bytes (bfloat16) per sequence and per batch of --serve_batch at 1K..1M tokens, the
@@ -33,8 +33,8 @@ What it reports, per preset A and B and as the ratio B/A:
                neither always runs first. The table gives each preset's median and, as B/A, the median
                of the per-round ratios with their quartiles: read the ratio, which pairs A and B run
                side by side; the two medians come from different rounds and may disagree with it.
-The decode model has block_size = the largest context (the "cpu" size trains at 256), so its
-sliding windows are a quarter of that, rounded up to 128; the train step uses the preset's own block_size.
+The decode model has block_size = the largest context, or the preset's own if that is larger (the "cpu"
+size trains at 256), so its sliding windows are a quarter of that, rounded up to 128; the train step uses the preset's own block_size.
 """
 
 import argparse
@@ -200,7 +200,7 @@ def peak_bytes(device, run, existing):
 
 
 class Bench:
-    """One preset built for decoding (block_size = the largest context) and one for training."""
+    """One preset built for decoding (block_size = the largest context, at least the preset's) and one for training."""
 
     def __init__(self, size, variant, overrides, max_context, batch, device, dtype, decode_batch=1):
         self.device, self.dtype = device, dtype

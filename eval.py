@@ -1,9 +1,9 @@
 """
 CORE: the 21 in-context tasks of DCLM that the paper reports (its Section 5, Tables 2 and 4).
 
-    python eval.py --ckpt out/bov/ckpt.pt                      # all 21 tasks -> out/bov/core_eval.json
-    python eval.py --ckpt out/bov/ckpt.pt --max_per_task 100   # a quick estimate
-    python eval.py --ckpt out/bov/ckpt.pt --tasks arc_easy,squad --bundle ~/eval_bundle
+    python eval.py --ckpt out/cpu_bov/ckpt.pt                    # all 21 tasks -> out/cpu_bov/core_eval.json
+    python eval.py --ckpt out/cpu_bov/ckpt.pt --max_per_task 100 # a quick estimate
+    python eval.py --ckpt out/cpu_bov/ckpt.pt --tasks arc_easy,squad --bundle ~/eval_bundle
 
 Each task is a file of items in the DCLM eval bundle. A prompt is a few solved examples of the
 same task (drawn with a seed from the task's other items), each followed by a blank line, then

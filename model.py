@@ -593,7 +593,7 @@ class GPT(nn.Module):
     def check_ids(self, idx, cache=None):
         """ValueError, before any kernel runs, for ids outside the vocabulary or a too-long sequence."""
         if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"idx must be a (batch, time) tensor of int64 token ids, got shape {tuple(idx.shape)} dtype {idx.dtype}")
+            raise ValueError(f"idx must be a (batch, time) tensor of int64 or int32 token ids, got shape {tuple(idx.shape)} dtype {idx.dtype}")
         if idx.numel() and (idx.min() < 0 or idx.max() >= self.config.vocab_size):
             raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got min {idx.min().item()} max {idx.max().item()}")
         limit = self.config.block_size if cache is None else cache.max_len - cache.pos

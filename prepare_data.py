@@ -13,7 +13,7 @@ Every document starts with the bos token. Output files in the data dir:
     meta.json           written last; its presence means the preparation is complete
 
 The loading API below (load_meta, load_tokenizer, load_tokens, load_token_bytes) is what
-train.py, sample.py, bench.py and eval.py use. Importing this file is cheap: datasets,
+train.py and sample.py use (eval.py through sample.py). Importing this file is cheap: datasets,
 pyarrow and rustbpe are imported lazily inside the functions that need them.
 """
 

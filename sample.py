@@ -107,7 +107,7 @@ def resolve_dtype(name, device):
 
 
 def check_device(device):
-    """ValueError, in one line, if tensors cannot be made on device (also used by bench.py and eval.py)."""
+    """ValueError, in one line, if tensors cannot be made on device (also used by train.py, bench.py and eval.py)."""
     try:
         if torch.device(device).type == "meta":  # shapes without data: nothing can run there
             raise RuntimeError("the meta device holds no data")
@@ -150,9 +150,9 @@ def load(ckpt_path, device, data_dir=None, offload_tables=False):
 def generate(model, tokenizer, prompt_ids, args, generator, out):
     """Stream one sample (the prompt, then each new token) to `out`; return (prompt tokens, prefill
     seconds, decoded tokens, decode seconds). The first new token comes out of the prefill, every
-    later one out of a one-token decode step."""
+    later one out of a one-token decode step. prompt_ids starts with <|bos|> (encode_prompt), not printed."""
     stream = TextStream(tokenizer, out)
-    stream.write(prompt_ids[1:] if prompt_ids[0] == tokenizer.bos_id else prompt_ids)
+    stream.write(prompt_ids[1:])
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=args.device)
     t0 = time.perf_counter()
     t_first, n = None, 0
