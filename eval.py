@@ -43,6 +43,7 @@ import time
 import urllib.parse
 import urllib.request
 import zipfile
+import zlib
 from collections import namedtuple
 
 if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
@@ -146,6 +147,9 @@ def get_bundle(path=None, flag="--bundle"):
 def url_reachable(url, timeout=5.0):
     """True if a TCP connection to the URL's host opens within timeout seconds (DNS included)."""
     u = urllib.parse.urlsplit(url)
+    proxy = urllib.request.getproxies().get(u.scheme)  # urlopen goes through it: check the proxy, not the host
+    if proxy and not urllib.request.proxy_bypass(u.hostname):
+        u = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
     return reachable(u.hostname, u.port or (443 if u.scheme == "https" else 80), timeout)
 
 
@@ -173,7 +177,7 @@ def download_bundle(url, dest, flag="--bundle"):
                         bar.update(len(chunk))
             with zipfile.ZipFile(zpath) as z:
                 z.extractall(os.path.join(work, "x"))
-        except (OSError, zipfile.BadZipFile) as e:
+        except (OSError, zipfile.BadZipFile, zlib.error, EOFError) as e:
             raise EvalError(f"could not download and unzip {url}: {e}") from None
         found = [d for d in (os.path.join(work, "x", "eval_bundle"), os.path.join(work, "x"))
                  if not bundle_problem(d)]
@@ -465,12 +469,12 @@ def main(argv=None):
         p.error(f"--max_per_task must be at least 1, got {args.max_per_task}")
     if not os.path.isfile(args.ckpt):  # before the bundle, which may be a download
         sys.exit(f"eval.py: error: {no_checkpoint(args.ckpt)}")
-    partial = bool(args.tasks) or args.max_per_task is not None
+    partial = args.tasks is not None or args.max_per_task is not None
     out = os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "core_eval_partial.json" if partial else "core_eval.json")
     if os.path.isdir(out) or (os.path.isdir(os.path.dirname(out)) and not os.access(os.path.dirname(out), os.W_OK)):
         p.error(f"cannot write the results to {out}")  # before the evaluation, not after it
     try:
-        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks is not None else None
         check_tasks(tasks)
         check_device(args.device)
         bundle = get_bundle(args.bundle)  # before the model: fail fast without the data
@@ -486,7 +490,7 @@ def main(argv=None):
     result["ckpt"] = os.path.abspath(args.ckpt)
     table = format_table(result)
     try:  # the file first: a closed or full stdout must not lose the evaluation
-        write_json(out, result)
+        write_json(out, result, f"{out}.tmp{os.getpid()}")  # per process: two runs on one checkpoint never share it
     except OSError as e:
         print(table)
         sys.exit(f"eval.py: error: cannot write {out}: {e.strerror or e}")
@@ -500,4 +504,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SystemExit: finally blocks (the download's cleanup) run
     main()

@@ -499,9 +499,9 @@ def _tokenizer_json(kind, pattern, token_bytes, bos, bos_id):
 # -----------------------------------------------------------------------------
 # writing
 
-def atomic_write(path, write):
-    """Call write(f) on a temporary file, then rename it to path, so path is never half-written."""
-    tmp = path + ".tmp"
+def atomic_write(path, write, tmp=None):
+    """Call write(f) on a temporary file (tmp, default path + ".tmp"), then rename it to path, so path is never half-written."""
+    tmp = tmp or path + ".tmp"
     try:
         with open(tmp, "wb") as f:
             write(f)
@@ -583,9 +583,9 @@ def out_dir_problem(path):
     return None if os.access(path, os.W_OK) else "is not writable"
 
 
-def write_json(path, obj):
+def write_json(path, obj, tmp=None):
     """Write obj as indented JSON to path atomically."""
-    atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()))
+    atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()), tmp)
 
 
 def write_shard(path, tokens):

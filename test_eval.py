@@ -9,6 +9,7 @@ import json
 import math
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -457,24 +458,92 @@ def test_download_once_into_the_cache(tmp_path, monkeypatch):
             for f in files:
                 z.write(os.path.join(root, f), os.path.relpath(os.path.join(root, f), tmp_path / "src"))
     (tmp_path / "www" / "broken.zip").write_bytes(b"PK\x03\x04 not really a zip")
+    with zipfile.ZipFile(tmp_path / "corrupt.zip", "w", zipfile.ZIP_DEFLATED) as z:  # a deflate stream that is not one
+        z.writestr("eval_bundle/eval_data/x.jsonl", "{}\n" * 1000)
+        info = z.infolist()[0]
+    data = bytearray((tmp_path / "corrupt.zip").read_bytes())
+    data[info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)] = 0xFF  # block type 3: reserved
+    (tmp_path / "www" / "corrupt.zip").write_bytes(bytes(data))
     server, url, log = serve(tmp_path / "www")
     try:
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-        monkeypatch.setenv("BOV_EVAL_BUNDLE_URL", url + "/broken.zip")
-        with pytest.raises(ev.EvalError, match="could not download and unzip"):
-            ev.get_bundle()
-        assert os.listdir(tmp_path / "cache" / "bov") == []  # nothing half-made is left
+        for name in ("broken.zip", "corrupt.zip"):
+            monkeypatch.setenv("BOV_EVAL_BUNDLE_URL", f"{url}/{name}")
+            with pytest.raises(ev.EvalError, match="could not download and unzip"):
+                ev.get_bundle()
+            assert os.listdir(tmp_path / "cache" / "bov") == []  # nothing half-made is left
         monkeypatch.setenv("BOV_EVAL_BUNDLE_URL", url + "/eval_bundle.zip")
         path = ev.get_bundle()
         assert path == str(tmp_path / "cache" / "bov" / "eval_bundle") and sorted(os.listdir(tmp_path / "cache" / "bov")) == ["eval_bundle"]
         res = ev.evaluate_core(RuleModel(), CharTokenizer(), None, tasks=["copa"])
         assert res["bundle"] == path and res["tasks"]["copa"]["items"] == 5
-        assert log == ["/broken.zip", "/eval_bundle.zip"]  # the second use read the cache
+        assert log == ["/broken.zip", "/corrupt.zip", "/eval_bundle.zip"]  # the second use read the cache
         os.remove(os.path.join(path, "eval_meta_data.csv"))  # a damaged cache is reported, not papered over
         with pytest.raises(ev.EvalError, match=f"has no eval_meta_data.csv; delete {path} to download the bundle again"):
             ev.get_bundle()
     finally:
         server.shutdown()
+
+
+def test_a_bundle_behind_a_proxy_is_reachable_through_the_proxy(monkeypatch):
+    """urlopen goes through $https_proxy; the reachability check must ask the proxy, not the (unresolvable) host."""
+    with socket.socket() as proxy:
+        proxy.bind(("127.0.0.1", 0))
+        proxy.listen()
+        monkeypatch.setattr(ev.urllib.request, "getproxies", lambda: {"https": f"http://127.0.0.1:{proxy.getsockname()[1]}"})
+        assert ev.url_reachable("https://bundle.example.invalid/eval_bundle.zip", timeout=2)
+        monkeypatch.setattr(ev.urllib.request, "getproxies", lambda: {})
+        assert not ev.url_reachable("https://bundle.example.invalid/eval_bundle.zip", timeout=2)
+
+
+def test_sigterm_during_the_download_leaves_no_partial_file(tmp_path):
+    """A job timeout's SIGTERM runs the download's cleanup (exit 143), like Ctrl-C, instead of killing it midway."""
+    with socket.socket() as srv:  # an HTTP server that sends a header and a few bytes, then stalls
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        def stall():
+            while True:  # the first connection is eval.py's reachability check
+                conn, _ = srv.accept()
+                if conn.recv(4096):
+                    conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 1000000\r\n\r\n" + b"PK" * 100)
+                    time.sleep(30)
+                conn.close()
+        threading.Thread(target=stall, daemon=True).start()
+        (tmp_path / "ckpt.pt").write_bytes(b"not read before the bundle")
+        env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"),
+                   BOV_EVAL_BUNDLE_URL=f"http://127.0.0.1:{srv.getsockname()[1]}/eval_bundle.zip")
+        p = subprocess.Popen([sys.executable, os.path.join(HERE, "eval.py"), "--ckpt", str(tmp_path / "ckpt.pt"),
+                              "--device", "cpu"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cache = tmp_path / "cache" / "bov"
+        t0 = time.time()
+        while not any(cache.glob(".eval_bundle*/eval_bundle.zip")) and time.time() - t0 < 60:
+            time.sleep(0.1)
+        assert any(cache.glob(".eval_bundle*/eval_bundle.zip"))
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+    assert p.returncode == 143 and os.listdir(cache) == []
+
+
+def test_an_empty_task_list_is_refused(tmp_path):
+    (tmp_path / "ckpt.pt").write_bytes(b"x")
+    with pytest.raises(SystemExit, match=r"unknown task\(s\) \(none given\)"):
+        ev.main(["--ckpt", str(tmp_path / "ckpt.pt"), "--tasks", ""])  # not all 21 tasks, as when --tasks is left out
+    assert not (tmp_path / "core_eval.json").exists()
+
+
+def test_two_runs_on_one_checkpoint_write_through_their_own_temporary_files(tmp_path, monkeypatch):
+    ckpt = tmp_path / "ckpt.pt"
+    ckpt.write_bytes(b"")
+    model = SimpleNamespace(config=SimpleNamespace(vocab_size=128))
+    monkeypatch.setattr(ev, "get_bundle", lambda path: "bundle")
+    monkeypatch.setattr(ev, "GPT", SimpleNamespace(from_checkpoint=lambda *a: (model, {})))
+    monkeypatch.setattr(ev, "checkpoint_tokenizer", lambda *a: CharTokenizer())
+    monkeypatch.setattr(ev, "evaluate_core", lambda *a: {"core": 0.0, "tasks": {}, "max_per_task": None, "bundle": "bundle"})
+    temps, write_json = [], ev.write_json
+    monkeypatch.setattr(ev, "write_json", lambda path, obj, tmp=None: (temps.append(tmp), write_json(path, obj, tmp)))
+    ev.main(["--ckpt", str(ckpt), "--device", "cpu"])
+    assert temps == [f"{tmp_path / 'core_eval.json'}.tmp{os.getpid()}"]  # by process id: never another run's
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "core_eval.json"]
 
 
 def run_cli(*args, env=None, timeout=120):
