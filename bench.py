@@ -58,7 +58,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from torch.utils.weak import WeakIdKeyDictionary
 
 from model import GPT, GPTConfig, SIZES, VARIANTS, first_line, out_of_memory
-from prepare_data import out_dir_problem, silence_stdout
+from prepare_data import atomic_write, out_dir_problem, silence_stdout
 from sample import check_device, resolve_dtype
 
 PAPER_BUDGETS = {"paper_135m": 1.5e18, "paper_780m": 3.91e19}  # training FLOPs of the paper's runs
@@ -372,14 +372,10 @@ def save(fig, ax, path, title, xlabel, ylabel, **legend):
     ax.set_title(title)
     ax.legend(**legend)
     fig.tight_layout()
-    tmp = f"{path}.tmp{os.getpid()}"  # then os.replace: an interrupted or failed write never leaves half a PNG
-    try:
-        fig.savefig(tmp, dpi=120, format="png")
-        os.replace(tmp, path)
+    try:  # an interrupted or failed write never leaves half a PNG
+        atomic_write(path, lambda f: fig.savefig(f, dpi=120, format="png"), f"{path}.tmp{os.getpid()}")
     finally:
         pyplot().close(fig)
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def fig5a(path):

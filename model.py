@@ -75,7 +75,7 @@ class GPTConfig:
         try:
             return cls(**{**SIZES[size], **VARIANTS[variant], **overrides})
         except ValueError as e:  # say which preset: a variant's own layer list may not fit every size
-            raise ValueError(f"{e} (size {size}, variant {variant})") from None
+            raise ValueError(f"{e} (size {size}, variant {variant})") from e
 
     # -- derived quantities ---------------------------------------------------
 
@@ -865,7 +865,7 @@ def describe_presets(size):
         try:
             cfg = GPTConfig.preset(size, name)
         except ValueError as e:  # e.g. a variant's own layer list that this size does not have
-            missing.append(f"{name}: not at this size ({str(e).removeprefix('bad GPTConfig: ').split(' (size ')[0]})")
+            missing.append(f"{name}: not at this size ({str(e.__cause__ or e).removeprefix('bad GPTConfig: ')})")
             continue
         m = GPT.meta(cfg)
         n = m.num_params()

@@ -419,9 +419,9 @@ def test_an_interrupted_plot_keeps_the_previous_png(tmp_path, monkeypatch):
     path = tmp_path / "fig5a.png"
     bench.fig5a(str(path))
     before = path.read_bytes()
-    def half_then_interrupt(fig, fname, **kw):  # Ctrl-C in the middle of writing the file
-        with open(fname, "wb") as f:
-            f.write(before[:16])
+    def half_then_interrupt(fig, f, **kw):  # Ctrl-C in the middle of writing the file
+        f.write(before[:16])
+        f.flush()
         raise KeyboardInterrupt
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", half_then_interrupt)
     with pytest.raises(KeyboardInterrupt):

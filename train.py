@@ -567,7 +567,8 @@ def run(argv):
         f"(over the {counts['scaling'] / 1e6:.2f}M matrix weights, Table 6's base)")
     world = ranks()[3]
     if s["total_batch_tokens"] % (s["device_batch_size"] * T * world):
-        fits = next((b for b in range(min(s["device_batch_size"], s["total_batch_tokens"] // (T * world)), 0, -1) if s["total_batch_tokens"] % (b * T * world) == 0), None)
+        largest = min(s["device_batch_size"], s["total_batch_tokens"] // (T * world))
+        fits = next((b for b in range(largest, 0, -1) if s["total_batch_tokens"] % (b * T * world) == 0), None)
         raise ConfigError(f"total_batch_tokens {s['total_batch_tokens']:,} is not a multiple of "
                           f"device_batch_size x block_size x ranks = {s['device_batch_size']} x {T} x {world}; "
                           + (f"e.g. --device_batch_size={fits}" if fits else f"give a multiple of {T * world:,}"))
