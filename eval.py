@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import GPT, first_line, no_checkpoint
-from prepare_data import DataError, not_utf8, reachable, silence_stdout, write_json
+from prepare_data import DataError, connection_text, not_utf8, silence_stdout, url_reachable, write_json
 from sample import check_device, checkpoint_tokenizer
 
 EVAL_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
@@ -144,20 +144,11 @@ def get_bundle(path=None, flag="--bundle"):
     return dest
 
 
-def url_reachable(url, timeout=5.0):
-    """True if a TCP connection to the URL's host opens within timeout seconds (DNS included)."""
-    u = urllib.parse.urlsplit(url)
-    proxy = urllib.request.getproxies().get(u.scheme)  # urlopen goes through it: check the proxy, not the host
-    if proxy and not urllib.request.proxy_bypass(u.hostname):
-        u = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
-    return reachable(u.hostname, u.port or (443 if u.scheme == "https" else 80), timeout)
-
-
 def download_bundle(url, dest, flag="--bundle"):
     """Download the zip and unpack it into dest. Both steps happen beside dest and end in one
     rename, so dest is either the whole bundle or absent."""
     if not url_reachable(url):
-        raise EvalError(f"the CORE eval bundle is not in {dest} and {urllib.parse.urlsplit(url).hostname} "
+        raise EvalError(f"the CORE eval bundle is not in {dest} and {connection_text(url)} "
                         f"is unreachable; download {url} elsewhere, unzip it and pass {flag} path/to/eval_bundle")
     parent = os.path.dirname(dest)
     try:

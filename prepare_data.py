@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+import urllib.request
 
 if __name__ == "__main__":  # Ctrl-C while numpy and tiktoken load: exit 130, not a traceback
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
@@ -244,6 +245,33 @@ def reachable(host, port, timeout=3.0):
     return bool(ok)
 
 
+def connect_target(url):
+    """(host, port) that a request for url connects to: the proxy the environment names for its
+    scheme (urllib, requests and the hub client all honour $https_proxy / $http_proxy), else its own host."""
+    u = urllib.parse.urlsplit(url)
+    proxy = urllib.request.getproxies().get(u.scheme)
+    if proxy and not urllib.request.proxy_bypass(u.hostname):
+        p = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
+        try:
+            return p.hostname, p.port or (443 if p.scheme == "https" else 80)
+        except ValueError:  # a port that is not a number
+            raise DataError(f"the {u.scheme} proxy {proxy!r} set in the environment is not a host:port URL")
+    return u.hostname, u.port or (443 if u.scheme == "https" else 80)
+
+
+def url_reachable(url, timeout=3.0):
+    """True if the connection a request for url would open (through a proxy if one is set) opens in time."""
+    return reachable(*connect_target(url), timeout)
+
+
+def connection_text(url):
+    """'host:port', or 'host:port via proxy p:q' when a request goes through a proxy (for messages)."""
+    u = urllib.parse.urlsplit(url)
+    direct = f"{u.hostname}:{u.port or (443 if u.scheme == 'https' else 80)}"
+    host, port = connect_target(url)
+    return direct if f"{host}:{port}" == direct else f"{direct} via proxy {host}:{port}"
+
+
 def _check_hub():
     """Fail within seconds, with one line, if the Hugging Face hub can't be reached."""
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
@@ -252,13 +280,13 @@ def _check_hub():
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     try:
         url = urllib.parse.urlsplit(endpoint)
-        host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
-    except ValueError:  # a port that is not a number
-        host = None
-    if not host or url.scheme not in ("http", "https"):
+        url.port  # a port that is not a number raises here
+    except ValueError:
+        url = None
+    if url is None or not url.hostname or url.scheme not in ("http", "https"):
         raise DataError(f"HF_ENDPOINT={endpoint!r} is not an http(s) URL")
-    if not reachable(host, port):
-        raise DataError(f"the Hugging Face hub ({host}:{port}) is unreachable; {OFFLINE_HINT}")
+    if not url_reachable(endpoint):
+        raise DataError(f"the Hugging Face hub ({connection_text(endpoint)}) is unreachable; {OFFLINE_HINT}")
 
 
 def _clean_play(text):
@@ -432,9 +460,9 @@ def _gpt2_cached():
 
 def gpt2_tokenizer_json():
     """tokenizer.json content for tiktoken's GPT-2 encoding (bos = <|endoftext|> = 50256)."""
-    host = "openaipublic.blob.core.windows.net"
-    if not _gpt2_cached() and not reachable(host, 443):
-        raise DataError(f"the gpt2 tokenizer is not in tiktoken's cache and {host} is unreachable; "
+    url = "https://openaipublic.blob.core.windows.net/"
+    if not _gpt2_cached() and not url_reachable(url):
+        raise DataError(f"the gpt2 tokenizer is not in tiktoken's cache and {connection_text(url)} is unreachable; "
                         f"run once with network (or set TIKTOKEN_CACHE_DIR to a cache) or use the default --tokenizer=bpe")
     from tiktoken_ext.openai_public import gpt2
     try:

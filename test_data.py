@@ -390,6 +390,31 @@ def test_hub_check_times_out_fast(tmp_path, monkeypatch):
     assert not (tmp_path / "x").exists()
 
 
+def test_the_hub_and_gpt2_checks_go_through_a_proxy(monkeypatch):
+    """Behind $https_proxy the hub client and tiktoken connect to the proxy, not the hub: the
+    reachability checks must ask the proxy (else a proxied network is refused as offline), honour
+    $no_proxy, and name the proxy when it is the one that is down."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "http_proxy", "HTTP_PROXY", "HTTPS_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.example.invalid")  # resolves nowhere: only the proxy can answer
+    with socket.socket() as proxy:
+        proxy.bind(("127.0.0.1", 0))
+        proxy.listen()
+        port = proxy.getsockname()[1]
+        monkeypatch.setenv("https_proxy", f"127.0.0.1:{port}")
+        pd._check_hub()  # reachable through the proxy: no error
+        assert pd.connect_target("https://openaipublic.blob.core.windows.net/") == ("127.0.0.1", port)
+        monkeypatch.setenv("no_proxy", "hub.example.invalid")
+        with pytest.raises(pd.DataError, match=r"^the Hugging Face hub \(hub.example.invalid:443\) is unreachable; "):
+            pd._check_hub()  # bypassed: the host itself is asked, and it does not resolve
+        monkeypatch.delenv("no_proxy")
+    with pytest.raises(pd.DataError, match=rf"^the Hugging Face hub \(hub.example.invalid:443 via proxy 127.0.0.1:{port}\) is unreachable; "):
+        pd._check_hub()  # the proxy is down
+    monkeypatch.setenv("https_proxy", "http://127.0.0.1:notaport")
+    with pytest.raises(pd.DataError, match=r"^the https proxy 'http://127.0.0.1:notaport' set in the environment is not a host:port URL$"):
+        pd._check_hub()
+
+
 def test_gpt2_tokenizer_offline(tmp_path, monkeypatch):
     pattern, _ = write_corpus(tmp_path)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty_cache"))
