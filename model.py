@@ -212,7 +212,8 @@ VARIANTS = {
     "bov_fixed_coeff": _v(_LAST, "table", coeff="fixed"),       # v = E_v[i], no gamma_v
     "bov_every_layer": _v(_ALL, "table"),                       # a table in every layer
     "bov_keep_v": _v(_LAST, "table", "add"),                    # v = a V + b E_v[i]
-    # Prior methods the paper compares with (Section 5.2, Tables 2-3)
+    # Prior methods: nanochat's gated value embeddings (Tables 3, 5), SVFormer (Fig 1b), and
+    # ResFormer's value residual (Section 6; not one of the paper's runs, its nearest is t1_r10)
     "value_embed_gated": _v(_EVERY, "table", "add", "gated"),   # nanochat / modded-nanogpt value embeddings
     "resformer": _v(_ALL, "v1", "add", "fixed"),                # value residual: 0.5 V + 0.5 V1 after layer 0
     "svformer": _v(_ALL, "v1", coeff="fixed"),                  # V1 replaces V after layer 0
@@ -253,7 +254,7 @@ class KVCache:
     K for every layer; V only for layers whose values depend on context. A BoV table layer keeps
     no V: at each step it reads E_v[ids] for the ids in its window again (Attention.table_decode_step)
     and keeps nothing, so the cache holds the token ids once for the whole model (int32). A layer that
-    replaces V by V1 reads layer 0's V cache. Tensors are (B, H, T, D).
+    replaces V by V1 reads layer 0's V cache. k[i] and v[i] are (B, H, max_len, D); ids is (B, max_len).
     """
 
     def __init__(self, config, batch, max_len, dtype, device):
@@ -272,17 +273,17 @@ class KVCache:
 
 
 @dataclass
-class _Pass:
-    """What every block of one forward pass may read, besides its input x."""
+class PassContext:
+    """What every block of one forward pass may read, besides its input x (`ctx` in the blocks)."""
     ids: torch.Tensor            # (B, T) token ids of this pass
     x0: torch.Tensor             # (B, T, C) RMSNorm(wte[ids]), the context-free initial embedding
     cos: torch.Tensor            # (T, D/2) rotary tables at this pass's positions
     sin: torch.Tensor
     pos: int                     # absolute position of ids[:, 0]
-    rows: object                 # rows(t, ids) -> (B, T, C) rows of value table t
-    table: object = None         # table(t) -> (N, C) the rows that bag_index points into
+    table_rows: object           # table_rows(t, ids) -> ids.shape + (C,): rows of value table t
+    table_weight: object = None  # table_weight(t) -> (N, C): the rows that bag_index points into
     cache: KVCache | None = None
-    bag_index: torch.Tensor | None = None  # (B, H, pos + 1) row * H + h of every cached id (one-token decode)
+    bag_index: torch.Tensor | None = None  # (B, H, pos + 1): H * row(id j) + h; one-token decode
     bags: dict = field(default_factory=dict)  # window -> (rows, offsets) for embedding_bag
     v1: torch.Tensor | None = None  # (B, T, H, D) layer 0's values, kept for the V1 variants
 
@@ -313,7 +314,9 @@ class Attention(nn.Module):
         self.source = config.value_source if self.target else None
         self.mix, self.coeff = config.value_mix, config.value_coeff
         self.v_free = layer in config.v_free_layers()
-        self.table = (config.table_layers().index(layer) if not config.shared_table else 0) if self.source == "table" else None
+        self.table_idx = None  # which of GPT.tables this layer reads; None: it reads none
+        if self.source == "table":
+            self.table_idx = 0 if config.shared_table else config.table_layers().index(layer)
         self.c_q = nn.Linear(C, C, bias=False)
         self.c_k = nn.Linear(C, C, bias=False)
         # A layer whose V is replaced by a table row or by V1 never computes x W_V: no W_V parameter.
@@ -337,11 +340,14 @@ class Attention(nn.Module):
     def value(self, x, ctx):
         """Value vectors (B, T, H, D) of this pass's tokens: eq. 1, or the paper's Section 3 grid."""
         B, T, C = x.shape
-        heads = lambda t: t.view(B, T, self.n_head, self.head_dim)
+        heads = lambda t: t.view(B, T, self.n_head, self.head_dim)  # (B, T, C) -> (B, T, H, D)
         if not self.target:
-            return heads(self.c_v(x))                         # V = x W_V
+            v = heads(self.c_v(x))                            # V = x W_V
+            if self.layer == 0:
+                ctx.v1 = v                                    # V1, for the target layers of the "v1" variants
+            return v
         if self.source == "table":
-            tilde = heads(ctx.rows(self.table, ctx.ids))      # E_v[i_p]: a lookup, no matmul
+            tilde = heads(ctx.table_rows(self.table_idx, ctx.ids))  # E_v[i_p]: a lookup, no matmul
         elif self.source == "x0":
             tilde = heads(self.c_v(ctx.x0))                   # x0 W_V
         elif self.source == "v1":
@@ -359,7 +365,7 @@ class Attention(nn.Module):
 
     def forward(self, x, ctx):
         B, T, C = x.shape
-        q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
+        q = self.c_q(x).view(B, T, self.n_head, self.head_dim)  # (B, T, H, D)
         k = self.c_k(x).view(B, T, self.n_head, self.head_dim)
         q = norm(apply_rope(q, ctx.cos, ctx.sin)).transpose(1, 2)  # (B, H, T, D)
         k = norm(apply_rope(k, ctx.cos, ctx.sin)).transpose(1, 2)
@@ -367,15 +373,13 @@ class Attention(nn.Module):
             v = None  # read over the whole window below: table rows by token id, or layer 0's V cache
         else:
             v = self.value(x, ctx).transpose(1, 2)  # (B, H, T, D)
-        if self.layer == 0 and v is not None:  # (a table in layer 0 has no V, and nothing reads V1 then)
-            ctx.v1 = v.transpose(1, 2)  # (B, T, H, D)
         if ctx.cache is None:
             if self.window >= T:
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:
                 pos = torch.arange(T, device=x.device)
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(pos, pos, self.window))
-        elif ctx.bag_index is not None and self.source == "table" and self.v_free:
+        elif ctx.bag_index is not None and self.source == "table" and self.v_free:  # one-token decode step of a BoV layer
             return self.c_proj(self.table_decode_step(q, k, ctx))
         else:
             k, v, mask = self.cached_keys_values(k, v, ctx)
@@ -395,11 +399,12 @@ class Attention(nn.Module):
         _, keys = self.cached_keys(k, ctx)                                             # (B, H, W, D)
         scores = (q * D ** -0.5) @ keys.transpose(-1, -2)                             # (B, H, 1, W)
         p = torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32))
-        table = ctx.table(self.table)
+        table = ctx.table_weight(self.table_idx)                                       # (N, C)
         if not torch.is_grad_enabled():  # a table that requires grad sends embedding_bag to its backward-ready kernel
             table = table.detach()
-        rows, bags = ctx.bag(self.window)                                              # bag (b, h) = window of head h
-        y = F.embedding_bag(rows, table.view(-1, D), bags, per_sample_weights=p.reshape(-1).to(table.dtype), mode="sum")
+        rows, offsets = ctx.bag(self.window)                                           # bag (b, h) = window of head h
+        weights = p.reshape(-1).to(table.dtype)                                        # (B H W,), aligned with rows
+        y = F.embedding_bag(rows, table.view(-1, D), offsets, per_sample_weights=weights, mode="sum")  # (B H, D)
         (c,) = self.coefficients()
         return (c * y).view(B, 1, H * D).to(q.dtype)                                   # (B H, D) -> (B, 1, C)
 
@@ -422,7 +427,7 @@ class Attention(nn.Module):
             values = cache.v[self.layer][:, :, start:end]
         elif self.source == "table":  # gather the window's rows again; they are dropped after the layer
             ids = cache.ids[:, start:end]
-            rows = ctx.rows(self.table, ids).view(ids.size(0), end - start, self.n_head, self.head_dim)
+            rows = ctx.table_rows(self.table_idx, ids).view(ids.size(0), end - start, self.n_head, self.head_dim)
             values = rows.transpose(1, 2).to(keys.dtype)  # c is applied to the output, in forward
         else:  # V1 from layer 0's cache
             values = cache.v[0][:, :, start:end]
@@ -460,21 +465,21 @@ class TableOffload:
 
     BoV's lookup needs only token ids, which are known before the forward pass reaches a table
     layer (Section 4). So `prefetch(ids)` copies the rows of the ids not yet on the device, for all
-    tables at once, into a device-side row cache keyed by token id, and `rows(t, ids)` gathers from
-    that cache. Each distinct token's rows cross once per `reset()` (once per generated sequence);
-    the row cache grows with the number of distinct ids seen (powers of two from 64 rows), never to
-    the whole vocabulary up front.
+    tables at once, into a device-side row cache (`device_rows`) keyed by token id, and
+    `rows(t, ids)` gathers from it. Each distinct token's rows cross once per `reset()` (once per
+    generated sequence); the row cache grows with the number of distinct ids seen (powers of two
+    from 64 rows), never to the whole vocabulary up front.
     """
 
     def __init__(self, tables, device):
         self.device = torch.device(device)
-        self.pin = self.device.type == "cuda"
+        self.pinned = self.device.type == "cuda"
         self.host = torch.stack([t.detach() for t in tables])   # (n_tables, |V|, C) in host memory
-        if self.pin:
+        if self.pinned:
             self.host = self.host.pin_memory()
         n, V, C = self.host.shape
-        self.cache = torch.empty(n, 0, C, dtype=self.host.dtype, device=self.device)  # (n_tables, rows, C)
-        self.slot = torch.full((V,), -1, dtype=torch.long, device=self.device)        # token id -> row of cache
+        self.device_rows = torch.empty(n, 0, C, dtype=self.host.dtype, device=self.device)  # (n_tables, rows, C)
+        self.slot = torch.full((V,), -1, dtype=torch.long, device=self.device)  # token id -> row of device_rows
         self.rows_fetched = 0   # (token, table) rows copied host -> device
         self.bytes_moved = 0
         self.reset()
@@ -500,23 +505,24 @@ class TableOffload:
         k = missing.numel()
         if k == 0:
             return
-        if self.used + k > self.cache.size(1):  # grow the row cache to a power of two from 64 rows, at most |V|
+        if self.used + k > self.device_rows.size(1):  # grow the row cache to a power of two from 64 rows, at most |V|
             # (never 1 row, nor one row per distinct prompt token: torch.compile would specialise on such sizes)
             rows = min(max(64, 1 << (self.used + k - 1).bit_length()), self.host.size(1))
             grown = torch.empty(self.host.size(0), rows, self.host.size(2), dtype=self.host.dtype, device=self.device)
-            grown[:, :self.used] = self.cache[:, :self.used]
-            self.cache = grown
+            grown[:, :self.used] = self.device_rows[:, :self.used]
+            self.device_rows = grown
         staged = torch.index_select(self.host, 1, missing)  # (n_tables, k, C) gathered on the host
-        if self.pin:
+        if self.pinned:
             staged = staged.pin_memory()
-        self.cache[:, self.used:self.used + k].copy_(staged, non_blocking=True)
+        self.device_rows[:, self.used:self.used + k].copy_(staged, non_blocking=True)
         self.slot[missing.to(self.device)] = torch.arange(self.used, self.used + k, device=self.device)
         self.used += k
         self.rows_fetched += k * self.host.size(0)
         self.bytes_moved += staged.numel() * staged.element_size()
 
     def rows(self, t, ids):
-        return self.cache[t][self.slot[ids.long()]]
+        """Rows of table t for ids (any shape, every id prefetched) -> ids.shape + (C,)."""
+        return self.device_rows[t][self.slot[ids.long()]]
 
 
 # -----------------------------------------------------------------------------
@@ -606,7 +612,8 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, *, reduction="mean", cache=None, last_only=False):
         """logits (B, T, |V|) and, given targets (-1 = ignore), the loss: a scalar mean, or the
         per-token losses (B, T) with reduction="none" (ignored positions give 0). last_only: the
-        logits (B, 1, |V|) of the last position and no loss, all that generation needs from a prefill."""
+        logits (B, 1, |V|) of the last position and no loss, all that generation needs from a prefill.
+        cache: a KVCache (new_cache); idx is written at cache.pos, which then advances by T."""
         if last_only and targets is not None:
             raise ValueError("last_only=True gives no loss: pass targets=None")
         if not torch.compiler.is_compiling():  # data-dependent checks stay out of compiled graphs
@@ -624,10 +631,10 @@ class GPT(nn.Module):
             if self.offload is not None:
                 rows = self.offload.slot[rows.long()]
             H = self.config.n_head  # row r of a (N, C) table is rows r H .. r H + H - 1 of its (N H, D) view
-            bag_index = torch.add(torch.arange(H, device=idx.device)[:, None], rows, alpha=H)  # (B, H, pos + 1) int64
+            bag_index = torch.add(torch.arange(H, device=idx.device)[:, None], rows, alpha=H)  # (B, H, pos + 1): H row + h
         x0 = norm(self.wte(idx))
-        ctx = _Pass(ids=idx, x0=x0, cos=self.cos[pos:pos + T], sin=self.sin[pos:pos + T], pos=pos,
-                    rows=self.table_rows, table=self.table_weight, cache=cache, bag_index=bag_index)
+        ctx = PassContext(ids=idx, x0=x0, cos=self.cos[pos:pos + T], sin=self.sin[pos:pos + T], pos=pos,
+                          table_rows=self.table_rows, table_weight=self.table_weight, cache=cache, bag_index=bag_index)
         x = x0
         for block in self.blocks:
             x = block(x, ctx)
@@ -656,7 +663,7 @@ class GPT(nn.Module):
 
     def table_weight(self, t):
         """Value table t as (rows, C): the parameter, or the device row cache of offloaded tables."""
-        return self.offload.cache[t] if self.offload is not None else self.tables[t].weight
+        return self.offload.device_rows[t] if self.offload is not None else self.tables[t].weight
 
     def table_rows(self, t, ids):
         """Rows of value table t for token ids (any shape) -> ids.shape + (C,)."""
@@ -668,9 +675,11 @@ class GPT(nn.Module):
 
     def configure_optimizers(self, matrix_lr=0.02, embedding_lr=0.30, unembedding_lr=0.008, scalar_lr=0.50,
                              table_lr=0.15, weight_decay=0.28):
-        """The paper's Table 6: Muon (momentum 0.95, Nesterov) on every 2-D block matrix, with decoupled
-        weight decay; AdamW (betas 0.8/0.95, eps 1e-10, no weight decay) on the token embedding, the
-        lm_head, the value tables and the scalar coefficients. As in nanochat, the AdamW rates of the
+        """Table 6's split and rates (defaults: its 135M column; table_lr 0.15 is Section 5's): Muon on
+        every 2-D block matrix, with decoupled weight decay; AdamW (no weight decay) on the token
+        embedding, the lm_head, the value tables and the scalar coefficients. Muon's momentum 0.95
+        (Nesterov) and AdamW's betas 0.8/0.95 and eps 1e-10 are not in the paper (README, "Differences").
+        As in nanochat, the AdamW rates of the
         embedding, lm_head and tables are scaled by (n_embd/768)^-0.5. Returns [muon, adamw]; every
         group has an "initial_lr" for the schedule."""
         scale = (self.config.n_embd / 768) ** -0.5
@@ -822,6 +831,7 @@ class GPT(nn.Module):
 
 
 # -----------------------------------------------------------------------------
+# Helpers for the scripts' one-line errors and for `python model.py` (not part of the model)
 
 def first_line(e, limit=200):
     """An exception's first non-empty line (or its type's name), cut to `limit` characters (None: whole):

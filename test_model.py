@@ -108,10 +108,10 @@ def test_bov_layers_have_a_table_and_no_w_v():
     model = GPT(cfg)
     for i, block in enumerate(model.blocks):
         if i in (4, 5):
-            assert block.attn.c_v is None and block.attn.table is not None
+            assert block.attn.c_v is None and block.attn.table_idx is not None
             assert block.attn.gamma_v.item() == 1.0
         else:
-            assert block.attn.c_v is not None and block.attn.table is None
+            assert block.attn.c_v is not None and block.attn.table_idx is None
     assert len(model.tables) == 2
     assert all(t.weight.shape == (cfg.vocab_size, cfg.n_embd) for t in model.tables)
     assert not any("c_v" in n for n in model.state_dict() if n.startswith(("blocks.4.", "blocks.5.")))
@@ -203,7 +203,7 @@ def test_table_decode_steps_equal_the_full_forward(variant, offload, monkeypatch
     bag, gather = model.Attention.table_decode_step, model.Attention.cached_keys_values
     def counted(name, f):
         def g(self, *a):
-            calls[name] += self.table is not None
+            calls[name] += self.table_idx is not None
             return f(self, *a)
         return g
     monkeypatch.setattr(model.Attention, "table_decode_step", counted("bag", bag))
