@@ -156,7 +156,8 @@ def generate(model, tokenizer, prompt_ids, args, generator, out):
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=args.device)
     t0 = time.perf_counter()
     t_first, n = None, 0
-    for tok in model.stream(idx, args.max_new_tokens, args.temperature, args.top_k, use_cache=True, generator=generator):
+    top_k = args.top_k or None  # --top_k 0: every token
+    for tok in model.stream(idx, args.max_new_tokens, args.temperature, top_k, use_cache=True, generator=generator):
         stream.write(tok[0].tolist())  # .tolist() waits for the device: the timings are real
         n += 1
         if t_first is None:
@@ -221,19 +222,19 @@ def main(argv=None):
     except (SampleError, DataError, FileNotFoundError, ValueError) as e:
         sys.exit(f"sample.py: error: {first_line(e, None)}")
     except KeyboardInterrupt:  # while loading the checkpoint
-        sys.exit("sample.py: interrupted")
+        print("sample.py: interrupted", file=sys.stderr)
+        sys.exit(130)  # 128 + SIGINT, as a shell reports Ctrl-C
     cfg = model.config
     if args.offload_tables and not len(model.tables):
         print("sample.py: note: this model has no value tables; --offload_tables changes nothing", file=sys.stderr)
     if args.compile:
         model.compile(dynamic=True)
-    args.top_k = args.top_k or None
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     print(f"sample.py: {cfg.n_layer} layers, d={cfg.n_embd}, vocab {cfg.vocab_size}, context {cfg.block_size}; "
           f"layers without a V cache: {', '.join(map(str, cfg.v_free_layers())) or 'none'}; "
           f"KV cache {cfg.kv_cache_bytes(1, 1, dtype):,} bytes/token; "
           f"{dtype} on {args.device}", file=sys.stderr)
-    totals = [0, 0.0, 0, 0.0]
+    totals, interrupted = [0, 0.0, 0, 0.0], False
     try:
         with torch.no_grad(), autocast(args.device, dtype):
             for k in range(args.num_samples):
@@ -242,9 +243,10 @@ def main(argv=None):
                 totals = [a + b for a, b in zip(totals, generate(model, tokenizer, ids, args, generator, sys.stdout))]
                 sys.stdout.write("\n")
                 sys.stdout.flush()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # the samples finished so far are reported below, then exit 130
         sys.stdout.write("\n")
         print("sample.py: interrupted", file=sys.stderr)
+        interrupted = True
     except OSError as e:  # the reader left (`python sample.py | head`: stop quietly, like cat), or a full disk
         silence_stdout()
         sys.exit(1 if isinstance(e, BrokenPipeError) else f"sample.py: error: cannot write the text: {e.strerror or e}")
@@ -262,6 +264,8 @@ def main(argv=None):
     if model.offload is not None:
         print(f"sample.py: offload: {model.offload.rows_fetched:,} table rows fetched, "
               f"{model.offload.bytes_moved:,} bytes moved host -> {args.device}", file=sys.stderr)
+    if interrupted:
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -192,7 +192,25 @@ def test_ctrl_c_while_loading_is_one_line(tiny, monkeypatch):
     monkeypatch.setattr(sample, "load", interrupted)
     with pytest.raises(SystemExit) as e:
         sample.main(["--ckpt", tiny[0]])
-    assert e.value.code == "sample.py: interrupted"
+    assert e.value.code == 130
+
+
+def test_ctrl_c_while_generating_reports_the_finished_samples_and_exits_130(tiny, monkeypatch, capsys):
+    """Ctrl-C in the second sample: the first stays on stdout with its speeds, and the exit status is a shell's 130."""
+    generate = sample.generate
+    calls = []
+
+    def second_interrupted(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return generate(*args)
+    monkeypatch.setattr(sample, "generate", second_interrupted)
+    with pytest.raises(SystemExit) as e:
+        sample.main(["--ckpt", tiny[0], "--num_samples", "3", "--max_new_tokens", "4", "--seed", "1"])
+    res = capsys.readouterr()
+    assert e.value.code == 130 and len(calls) == 2
+    assert "sample.py: interrupted" in res.err and "decode 3 tokens at" in res.err  # 4 new tokens: 1 from the prefill, 3 decoded
 
 
 def test_checkpoint_data_dir_not_here_says_pass_data_dir(tiny, tmp_path, capsys):

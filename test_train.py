@@ -84,6 +84,13 @@ def test_a_run_past_one_epoch_is_warned_of_in_the_dry_run_too(data_dir, capsys):
     assert f"WARNING: this run would read about {iters * 128 / train_tokens:.2f} epochs of {data_dir} ({train_tokens:,} train tokens)" in out
 
 
+def test_whole_numbers_are_read_in_any_notation():
+    """An int setting takes 5, 5.0, 5e0 and 2e9 (a config file's 5.0 is taken too), exactly, digits past 2**53 included."""
+    for text, value in (("5", 5), ("5.0", 5), ("5e0", 5), ("2e9", 2_000_000_000), ("+7", 7), ("-2", -2),
+                        ("123456789012345678901", 123456789012345678901)):
+        assert train._parse_value("max_iters", text, 1) == value, text
+
+
 def test_budget_arithmetic():
     s, _ = train.resolve_settings(["--size=paper_135m"])
     assert train.plan_iterations(s, 759_693_312) == 3766
@@ -419,7 +426,9 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path, monkeypat
                            ("--seed=-1", "--seed must not be negative"),
                            ("--final_lr_frac=50", "--final_lr_frac is a fraction: 0 to 1, got 50"),
                            ("--warmdown_frac=nan", "--warmdown_frac must be a finite number"),
-                           ("--target_tokens=1e400", "--target_tokens: cannot convert float infinity to integer"),
+                           ("--target_tokens=1e400", "--target_tokens: expected a whole number, got '1e400'"),
+                           ("--max_iters=2.5", "--max_iters: expected a whole number, got '2.5'"),
+                           ("--max_iters=abc", "--max_iters: expected a whole number, got 'abc'"),
                            ("--eval_bundle=/x", "--eval_bundle is read by --core_eval only"),
                            ("--device=meta", "--device=meta holds no data"),
                            ("--max_iters=2.5e0", "--max_iters: expected a whole number, got '2.5e0'"),
@@ -690,6 +699,8 @@ def test_device_cuda_without_an_index_selects_gpu_0(monkeypatch):
     def set_device(name):  # what torch does with a name that has no index
         if ":" not in str(name):
             raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{name}")
+        if name == "cuda:7":  # what torch says of an index past the last GPU
+            raise RuntimeError("CUDA error: invalid device ordinal\nCUDA kernel errors might be asynchronously reported")
         seen.append(name)
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -698,6 +709,8 @@ def test_device_cuda_without_an_index_selects_gpu_0(monkeypatch):
         with pytest.raises(train.ConfigError):  # a CPU build cannot make the tensor: refused in one line
             train.setup_device({"device": device})
     assert seen == ["cuda:0", "cuda:0", "cuda:0"]
+    with pytest.raises(train.ConfigError, match="^--device cuda:7 is not usable here: CUDA error: invalid device ordinal$"):
+        train.setup_device({"device": "cuda:7"})
 
 
 def test_a_failed_save_or_damaged_data_is_one_line(data_dir, tmp_path, monkeypatch):

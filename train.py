@@ -33,13 +33,13 @@ import torch
 import torch.distributed as dist
 
 from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory
-from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokens,
-                          lock_folder, missing_top, out_dir_problem, remove_unused, silence_stdout, tokenizer_sha256,
-                          write_json)
+from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokenizer,
+                          load_tokens, lock_folder, missing_top, out_dir_problem, remove_unused, silence_stdout,
+                          tokenizer_sha256, write_json)
 from sample import check_device
 
 # -----------------------------------------------------------------------------
-# Defaults. Learning rates are the peak rates of the paper's 135M run (Table 6); configure_optimizers
+# Defaults. Learning rates are the peak rates of the paper's 135M run (Table 6; table_lr from Section 5); configure_optimizers
 # scales the AdamW ones of embedding, lm_head and tables by (n_embd/768)^-0.5 as nanochat does.
 size = "cpu"
 variant = "bov"
@@ -76,7 +76,8 @@ resume = False               # continue the run in out_dir from its checkpoint
 dry_run = False              # print the plan and exit (no model allocated; of the data, only meta.json: vocabulary, epochs)
 
 # Each size's recipe. paper_780m: the 135M rates x sqrt(2) for the doubled batch (nanochat's rule); with the
-# (1536/768)^-0.5 width scaling of the AdamW rates this gives Table 6's 0.0283 / 0.30 / 0.008 / 0.707 and 0.15.
+# (1536/768)^-0.5 width scaling of the AdamW rates this gives Table 6's 0.0283 / 0.30 / 0.008 / 0.707, and
+# table_lr 0.15 (Section 5's rate, which the paper gives once for both sizes).
 SIZE_DEFAULTS = {
     "paper_135m": dict(target_flops=1.5e18, total_batch_tokens=2**19, device_batch_size=16, weight_decay=0.28),
     "paper_780m": dict(target_flops=3.91e19, total_batch_tokens=2**20, device_batch_size=4, weight_decay=0.0597,
@@ -93,7 +94,9 @@ PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 per 
 
 EPOCH_ADVICE = ("the paper's regime is a single epoch and BoV's tables memorise repeated data (gamma_v grows). "
                 "Lower the budget or prepare more data.")
-RUN = {"ckpt": None}  # this process's checkpoint path (for the Ctrl-C message), the folder locks it holds, the out_dir it made
+# What main() cleans up and stopped_note() reports, whenever run() stops: "ckpt" and "eval_interval" (for the
+# Ctrl-C line), "out_lock" / "data_lock" (the folder locks held), "made" (the out_dir this run created).
+RUN = {"ckpt": None}
 
 
 class ConfigError(Exception):
@@ -112,11 +115,14 @@ def _parse_value(key, text, like):
         if text.lower() in ("0", "false", "no", "off"):
             return False
         raise ValueError(f"expected true/false, got {text!r}")
-    if isinstance(like, int):  # 2e9 is a whole number; 2.5e0 is not, and is refused rather than cut to 2
-        x = float(text) if "e" in text.lower() else int(text)
-        if x != int(x):
+    if isinstance(like, int):  # 2e9 and 5.0 are whole numbers; 2.5 is not, and is refused rather than cut to 2
+        try:
+            x = float(text)
+        except ValueError:
+            x = math.nan
+        if not x.is_integer():  # (nan and inf are not)
             raise ValueError(f"expected a whole number, got {text!r}")
-        return int(x)
+        return int(text) if text.strip().lstrip("+-").isdigit() else int(x)  # digits: exact past 2**53
     if isinstance(like, float):
         return float(text)
     return text
@@ -127,7 +133,7 @@ def _check_type(key, value, like, where):
     if isinstance(like, bool):
         ok = isinstance(value, bool)
     elif isinstance(like, int):
-        ok = isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and value.is_integer()
+        ok = (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
         value = int(value) if ok else value
     elif isinstance(like, float):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -233,7 +239,8 @@ def lr_multiplier(step, total, warmup, warmdown_frac, final_frac):
 
 
 def plan_iterations(s, flops_per_token):
-    """Iterations from the budget: target_flops / (FLOPs per token x tokens per step), rounded."""
+    """Iterations from the budget: max_iters as given, else (target_tokens, or target_flops / FLOPs per
+    token) / tokens per step, rounded, at least 1."""
     if s["max_iters"]:
         return s["max_iters"]
     tokens = s["target_tokens"] or s["target_flops"] / flops_per_token
@@ -249,9 +256,10 @@ class Batches:
     Every epoch, the documents (each starts at <|bos|>) are shuffled with the seed and the epoch,
     documents longer than a row are cut into full rows at stride T, and what is left of each document
     is packed best-fit into rows: a whole document anywhere, the tail of a cut one only at the start
-    of a row of its own (its first token was the last target of the row before); room a row cannot
-    fill is padding with target -1. So every token is the target of at most one row per epoch, none
-    is dropped, and a row starts at <|bos|> unless it continues a document. The state is (epoch, row)
+    of a row of its own (its first token was the last target of the document's previous row); room a
+    row cannot fill is padding with target -1. So every token but <|bos|> is the target of exactly one
+    row per epoch (a <|bos|> at most once: not where it starts a row), and a row starts at <|bos|>
+    unless it continues a document. The state is (epoch, row)
     and goes into checkpoints; every rank reads the same rows and takes its own slice of them.
     """
 
@@ -364,7 +372,7 @@ def evaluate(model, rows, token_bytes, batch_size, device, autocast, rank=0, wor
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # nats, tokens, text nats, text bytes
     tb = torch.as_tensor(token_bytes, device=device)
     for i in range(rank * batch_size, len(rows), world * batch_size):
-        x, y = to_batch(rows[i:i + batch_size], 0, device)
+        x, y = to_batch(rows[i:i + batch_size], 0, device)  # val rows are never padded: the bos_id is unused
         with autocast:
             _, loss = model(x, y, reduction="none")
         nbytes = tb[y.clamp(min=0)] * (y >= 0)
@@ -394,7 +402,8 @@ def rng_states():
 
 
 def set_rng_states(states):
-    random.setstate(tuple(states["python"][0:1]) + (tuple(states["python"][1]),) + tuple(states["python"][2:]))
+    version, internal, gauss = states["python"]  # random.getstate()'s triple; the checkpoint may hold lists
+    random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, gauss = states["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(states["torch"])
@@ -479,6 +488,7 @@ def write_jsonl(path, records):
 
 
 # -----------------------------------------------------------------------------
+# devices, ranks and the run
 
 def ranks():
     """(ddp, rank, local_rank, world) from torchrun's environment; one process without it."""
@@ -495,7 +505,7 @@ def ranks():
 
 
 def setup_device(s):
-    ddp, rank, local_rank, world = ranks()
+    ddp, _, local_rank, _ = ranks()
     name = s["device"]
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else ("mps" if torch.backends.mps.is_available() else "cpu")
@@ -503,7 +513,10 @@ def setup_device(s):
         if not torch.cuda.is_available():
             raise ConfigError(f"--device={name} but no CUDA device is visible")
         name = f"cuda:{local_rank}" if ddp else (name if ":" in name else "cuda:0")  # set_device needs an index
-        torch.cuda.set_device(name)
+        try:  # first, so that this process makes no CUDA context on another rank's GPU
+            torch.cuda.set_device(name)
+        except (RuntimeError, ValueError, AssertionError) as e:  # e.g. an index past the last GPU
+            raise ConfigError(f"--device {name} is not usable here: {first_line(e)}") from None
     if name == "meta":
         raise ConfigError("--device=meta holds no data to train on; --dry_run prints the plan without memory")
     try:
@@ -513,7 +526,7 @@ def setup_device(s):
     dev = torch.device(name)
     if ddp:
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
-    return dev, rank, world, ddp
+    return dev
 
 
 def main(argv):
@@ -530,8 +543,9 @@ def main(argv):
 
 def run(argv):
     s, model_overrides = resolve_settings(argv)
-    RUN["ckpt"], RUN["eval_interval"] = os.path.join(s["out_dir"], CKPT), s["eval_interval"]  # for stopped_note()
-    master = ranks()[1] == 0
+    RUN["ckpt"], RUN["eval_interval"] = os.path.join(s["out_dir"], CKPT), s["eval_interval"]  # until the plan knows iters
+    ddp, rank, _, world = ranks()  # (False, 0, _, 1) without torchrun
+    master = rank == 0
     log = print if master else (lambda *a, **k: None)
 
     # The plan needs only the model's shapes: a meta-device model, no data.
@@ -543,7 +557,8 @@ def run(argv):
         model_config = GPTConfig.preset(s["size"], s["variant"], **model_overrides)
     except ValueError as e:
         raise ConfigError(str(e))
-    if not VARIANTS[s["variant"]] and model_config.target_layers():  # its name (and out_dir) would say otherwise
+    standard = not VARIANTS[s["variant"]]  # no overrides: standard attention (baseline, t1_r01)
+    if standard and model_config.target_layers():  # its name (and out_dir) would say otherwise
         raise ConfigError(f"--variant={s['variant']} has no target layers; --bov_layers would train a value variant under "
                           f"its name: start from one that has them, e.g. --variant=bov --bov_layers=...")
     shapes = GPT.meta(model_config)
@@ -565,7 +580,6 @@ def run(argv):
     log(f"plan: {budget} -> {iters:,} iterations, {tokens:,} tokens ({human}), "
         f"{flops_per_token * tokens:.3g} FLOPs, tokens:params {tokens / counts['scaling']:.3g} "
         f"(over the {counts['scaling'] / 1e6:.2f}M matrix weights, Table 6's base)")
-    world = ranks()[3]
     if s["total_batch_tokens"] % (s["device_batch_size"] * T * world):
         largest = min(s["device_batch_size"], s["total_batch_tokens"] // (T * world))
         fits = next((b for b in range(largest, 0, -1) if s["total_batch_tokens"] % (b * T * world) == 0), None)
@@ -580,16 +594,15 @@ def run(argv):
             log(f"WARNING: this run would read about {tokens / meta['train_tokens']:.2f} epochs of {s['data_dir']} "
                 f"({meta['train_tokens']:,} train tokens); {EPOCH_ADVICE}")
         return None
-    dev, rank, world, ddp = setup_device(s)
-    made = missing_top(s["out_dir"])  # what out_dir_problem makes
-    problem = out_dir_problem(s["out_dir"])
+    dev = setup_device(s)
+    made = missing_top(s["out_dir"]) if master else None  # what out_dir_problem makes; only rank 0 writes there
+    problem = out_dir_problem(s["out_dir"]) if master else None  # (a rank making it first would leave it behind)
     if os.path.realpath(s["out_dir"]) == os.path.realpath(s["data_dir"]):  # (its lock would read as another run's)
         problem = "is the data folder (--data_dir); choose another --out_dir"
     if problem:
         raise ConfigError(f"--out_dir {s['out_dir']} {problem}")
     if s["core_eval"] and master:  # the bundle and the tokenizer before training, not after it
         from eval import load_bundle
-        from prepare_data import load_tokenizer
         core_bundle, core_tokenizer = load_bundle(s["eval_bundle"] or None, flag="--eval_bundle"), load_tokenizer(s["data_dir"])
     accum = s["total_batch_tokens"] // (s["device_batch_size"] * T * world)
     log(f"plan: {s['total_batch_tokens']:,} tokens/step = {s['device_batch_size']} x {T} tokens x {accum} accumulation x {world} ranks")
@@ -639,7 +652,8 @@ def run(argv):
             loader.load_state(ckpt["loader"])
             set_rng_states(ckpt["rng"])
             step, metrics = int(ckpt["step"]), list(ckpt["metrics"])
-            smooth, smooth_from = ckpt.get("smooth_loss", 0.0), (0 if "smooth_loss" in ckpt else step)  # the same log lines
+            # a checkpoint older than 09a1c3d has no smooth_loss: the average restarts (and is debiased) from here
+            smooth, smooth_from = ckpt.get("smooth_loss", 0.0), (0 if "smooth_loss" in ckpt else step)
         except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
             raise ConfigError(f"--resume: {ckpt_path} is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
         if not 0 <= step <= iters:
@@ -666,7 +680,7 @@ def run(argv):
         train_model = DistributedDataParallel(train_model, device_ids=[dev.index] if use_cuda else None)
     peak = next((v for k, v in PEAK_FLOPS.items() if use_cuda and k in torch.cuda.get_device_name(dev)), None)
 
-    def checkpoint():
+    def checkpoint(step, smooth):
         """ckpt.pt, then metrics.jsonl to match it; a Ctrl-C meanwhile is raised once both are written."""
         with ctrl_c_after():
             try:
@@ -680,7 +694,8 @@ def run(argv):
                                   f"{str(e).splitlines()[0] if str(e) else ''}; is the disk full?); {kept}") from None
             write_jsonl(metrics_path, metrics)
 
-    def run_eval():
+    def run_eval(step):
+        """Evaluate, append the record (with the target layers' coefficients, the paper's Fig 2) to metrics, log it."""
         r = evaluate(model, val, token_bytes, s["device_batch_size"], dev, autocast, rank, world)
         rec = {"type": "eval", "step": step, "tokens": step * s["total_batch_tokens"],
                "flops": step * s["total_batch_tokens"] * flops_per_token, **r,
@@ -696,7 +711,7 @@ def run(argv):
                             f"vocabulary of {model_config.vocab_size}: it is damaged; re-run prepare_data.py with --force")
     check_ids(val, "validation")
 
-    def check_finite(value, what):
+    def check_finite(value, what, step):
         if not math.isfinite(value):
             kept = f"the last good checkpoint is {ckpt_path}" if os.path.exists(ckpt_path) else "no checkpoint was written"
             raise ConfigError(f"{what} is {value} at step {step}; stopping ({kept}). Try a lower learning rate.")
@@ -704,13 +719,14 @@ def run(argv):
     # the loop
     t_start = t_last = time.time()
     start_step = step
+    # a resumed checkpoint was saved right after evaluating its step: that evaluation is not repeated
+    evaluated_step = step if any(m["type"] == "eval" and m["step"] == step for m in metrics) else None
     while True:
         last = step == iters
-        resumed_here = step == start_step and any(m["type"] == "eval" and m["step"] == step for m in metrics)
-        if (step % s["eval_interval"] == 0 or last) and not resumed_here:
-            check_finite(run_eval()["val_loss"], "val loss")
-            if master and (step > start_step or last):
-                checkpoint()
+        if (step % s["eval_interval"] == 0 or last) and step != evaluated_step:
+            check_finite(run_eval(step)["val_loss"], "val loss", step)
+            if master and (step > start_step or last):  # the starting step's weights are saved already (or untrained)
+                checkpoint(step, smooth)
             t_last = time.time()  # the step timings leave out evaluation and checkpointing
         if last:
             break
@@ -740,20 +756,25 @@ def run(argv):
             loss_t = torch.tensor(loss_val, device=dev)
             dist.all_reduce(loss_t, op=dist.ReduceOp.AVG)
             loss_val = loss_t.item()
-        check_finite(loss_val, "loss")
+        check_finite(loss_val, "loss", step)
         step += 1
         smooth = 0.9 * smooth + 0.1 * loss_val
         now = time.time()
         dt, t_last = now - t_last, now
         if step % s["log_interval"] == 0 or step == iters:
+            smooth_debiased = smooth / (1 - 0.9 ** (step - smooth_from))  # the average started at 0
             tok_s = s["total_batch_tokens"] / dt
             mfu = f" | mfu {100 * flops_per_token * tok_s / (peak * world):.1f}%" if peak else ""
             eta = (now - t_start) / (step - start_step) * (iters - step)
-            log(f"step {step}/{iters} | loss {smooth / (1 - 0.9 ** (step - smooth_from)):.4f} | lrm {lrm:.2f} | "
+            log(f"step {step}/{iters} | loss {smooth_debiased:.4f} | lrm {lrm:.2f} | "
                 f"dt {dt * 1000:.0f} ms | tok/s {tok_s:,.0f}{mfu} | eta {eta / 60:.1f}m")
             metrics.append({"type": "train", "step": step, "tokens": step * s["total_batch_tokens"], "loss": loss_val, "lrm": lrm})
 
-    final = metrics[-1] if metrics and metrics[-1]["type"] == "eval" else run_eval()
+    final = metrics[-1] if metrics and metrics[-1]["type"] == "eval" else run_eval(step)
+    if ddp:  # leave together before CORE, which rank 0 runs alone: a rank kept waiting would hit NCCL's timeout
+        del train_model  # the DDP wrapper first
+        dist.barrier()
+        dist.destroy_process_group()
     if master:
         log(f"done: {step} steps, {step * s['total_batch_tokens']:,} tokens, val bpb {final['val_bpb']:.4f}, "
             f"{(time.time() - t_start) / 60:.1f} min; checkpoint {ckpt_path}")
@@ -764,10 +785,6 @@ def run(argv):
             core_path = os.path.join(s["out_dir"], "core_eval.json")  # what eval.py writes for the same checkpoint
             write_json(core_path, result)
             log(f"CORE {result['core']:.4f}; wrote {core_path}")
-    if ddp:
-        del train_model  # the DDP wrapper first, then every rank leaves together
-        dist.barrier()
-        dist.destroy_process_group()
     return final
 
 
@@ -781,8 +798,8 @@ def stopped_note():
 def usage():
     """--help: the docstring, then every setting with its default."""
     keys = "\n".join(f"  --{k}={globals()[k]!r}" for k in TRAIN_KEYS)
-    sizes = "\n".join(f"  {size}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items())
-                      for size, d in SIZE_DEFAULTS.items())
+    sizes = "\n".join(f"  {name}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items())
+                      for name, d in SIZE_DEFAULTS.items())
     return (f"{__doc__.strip()}\n\nTraining settings and their defaults:\n{keys}\n"
             f"\nWhat each --size sets instead (the default size is {size!r}):\n{sizes}\n"
             f"\nVariants (--variant): {', '.join(VARIANTS)}"
