@@ -21,8 +21,8 @@ What it reports, per preset A and B and as the ratio B/A:
                where the net saving is 0 (the paper's T = |V| for one sequence; B*T = |V| for a batch
                that shares the tables)
   cache        the bytes the decode cache really allocated (KVCache.nbytes(), after a prefill to the
-               largest context) next to GPTConfig.kv_cache_bytes, and B/A bytes per token next to
-               ((2L - n_vfree) d s + 4) / (2L d s)
+               largest context) next to GPTConfig.kv_cache_bytes, and B/A bytes per token next to B's
+               (2L - n_vfree) d s (+ 4 with tables) over A's: ((2L - n_vfree) d s + 4) / (2L d s) for BoV / baseline
   speed        prefill and decode tokens/s at --contexts (each: prefill --decode_batch sequences of
                random ids to context - steps, then --steps greedy one-token decode steps, A's and B's
                steps taking turns and timed one by one, so both meet the same load), train step
@@ -41,6 +41,8 @@ import argparse
 import json
 import math
 import os
+import re
+import shlex
 import signal
 import statistics
 import sys
@@ -59,7 +61,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from model import GPT, GPTConfig, SIZES, VARIANTS, first_line, out_of_memory
 from prepare_data import atomic_write, out_dir_problem, silence_stdout
-from sample import check_device, resolve_dtype
+from sample import autocast, check_device, resolve_dtype
 
 PAPER_BUDGETS = {"paper_135m": 1.5e18, "paper_780m": 3.91e19}  # training FLOPs of the paper's runs
 KV_CONTEXTS = [2 ** k for k in range(10, 21, 2)]              # 1K, 4K, 16K, 64K, 256K, 1M
@@ -103,34 +105,38 @@ def kv_per_token(cfg, dtype):
 
 def kv_memory(cfg_a, cfg_b, batch, dtype=KV_DTYPE):
     """Analytic decode memory of A and B at KV_CONTEXTS: rows, and the breakeven contexts."""
-    s, d, V = torch.empty((), dtype=dtype).element_size(), cfg_b.n_embd, cfg_b.vocab_size
+    s, d, V = dtype.itemsize, cfg_b.n_embd, cfg_b.vocab_size
     tab_a, tab_b = cfg_a.table_bytes(dtype), cfg_b.table_bytes(dtype)
-    per_token_saving = kv_per_token(cfg_a, dtype) - kv_per_token(cfg_b, dtype)
+    # what B has more of than A: V-free layers (no V cached) and value tables (|V| x d each)
+    n_vfree = len(cfg_b.v_free_layers()) - len(cfg_a.v_free_layers())
+    n_tables = cfg_b.n_tables() - cfg_a.n_tables()
     rows = []
     for T in KV_CONTEXTS:
         seq_a, seq_b = cfg_a.kv_cache_bytes(1, T, dtype), cfg_b.kv_cache_bytes(1, T, dtype)
-        # eq. 6 generalised to any pair: V rows no longer cached minus the table rows added
-        n_vfree = len(cfg_b.v_free_layers()) - len(cfg_a.v_free_layers())
-        eq6 = (n_vfree * d * T - (cfg_b.n_tables() - cfg_a.n_tables()) * d * V) * s
         rows.append(dict(context=T, seq_bytes_a=seq_a, seq_bytes_b=seq_b, table_bytes_a=tab_a, table_bytes_b=tab_b,
                          net_saving_seq=seq_a + tab_a - seq_b - tab_b,
-                         net_saving_batch=batch * (seq_a - seq_b) + tab_a - tab_b, eq6_bytes=eq6))
-    extra = tab_b - tab_a
-    # tokens (one sequence, or B*T) where the saved cache pays for B's extra tables; 0 when B adds no table
-    # bytes (it saves from the first token); None when B saves no cache per token
-    breakeven = (max(extra, 0) / per_token_saving if per_token_saving > 0
-                 else 0 if per_token_saving == 0 and extra < 0 else None)  # same cache, fewer table bytes: saves at once
-    # eq. 6's root, T = (tables added) |V| / (V-free layers added): |V| for BoV against the baseline
-    n_vfree = len(cfg_b.v_free_layers()) - len(cfg_a.v_free_layers())
-    n_tables = cfg_b.n_tables() - cfg_a.n_tables()
+                         net_saving_batch=batch * (seq_a - seq_b) + tab_a - tab_b,
+                         eq6_bytes=(n_vfree * T - n_tables * V) * d * s))  # eq. 6 for any pair, without the ids
+    # breakeven: the tokens (T for one sequence, B*T for a batch sharing the tables) where B's saved cache
+    # pays for its extra tables
+    per_token_saving = kv_per_token(cfg_a, dtype) - kv_per_token(cfg_b, dtype)
+    extra_tables = tab_b - tab_a
+    if per_token_saving > 0:
+        breakeven = max(extra_tables, 0) / per_token_saving  # 0 when B adds no table bytes
+    elif per_token_saving == 0 and extra_tables < 0:
+        breakeven = 0  # the same cache, fewer table bytes: B saves from the first token
+    else:
+        breakeven = None  # B saves no cache per token
     return dict(dtype=str(dtype).replace("torch.", ""), batch=batch, rows=rows, breakeven_tokens=breakeven,
+                # eq. 6's root T = (tables added) |V| / (V-free layers added): |V| for BoV against the baseline
                 breakeven_paper=n_tables * V // n_vfree if n_tables > 0 and n_vfree > 0 else None,
                 breakeven_context_batch=breakeven / batch if breakeven is not None else None)
 
 
 def measured_flops(cfg, device):
-    """(FlopCounterMode FLOPs per token of one forward+backward, estimate_flops), every window the whole
-    context (window_pattern L): a masked SDPA is counted over all T x T scores, the estimate over the window."""
+    """{measured: FlopCounterMode FLOPs per token of one forward+backward, estimate: estimate_flops}, every
+    window the whole context (window_pattern L): a masked SDPA is counted over all T x T scores, the estimate
+    over the window."""
     cfg = replace(cfg, window_pattern="L")
     torch.manual_seed(0)
     model = GPT(cfg, device=device)
@@ -138,7 +144,7 @@ def measured_flops(cfg, device):
     with FlopCounterMode(display=False, custom_mapping=CPU_SDPA_FLOPS) as counter:
         _, loss = model(idx, idx)
         loss.backward()
-    return counter.get_total_flops() / idx.numel(), model.estimate_flops()
+    return dict(measured=counter.get_total_flops() / idx.numel(), estimate=model.estimate_flops())
 
 
 # -----------------------------------------------------------------------------
@@ -182,20 +188,20 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
-def peak_bytes(device, run, existing):
-    """Peak memory of run(): the bytes of the tensors existing() lists (weights, cache, optimizer state) plus
-    the most that run() adds on top of what is allocated before it. On CUDA from the allocator's statistics,
+def peak_bytes(device, fn, existing):
+    """Peak memory of fn(): the bytes of the tensors existing() lists (weights, cache, optimizer state) plus
+    the most that fn() adds on top of what is allocated before it. On CUDA from the allocator's statistics,
     so that the other preset's model, also on the device, is not counted; LiveBytes elsewhere."""
     if torch.device(device).type == "cuda":
         own = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in existing()}
         sync(device)
         before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        run()
+        fn()
         sync(device)
         return sum(own.values()) + torch.cuda.max_memory_allocated(device) - before
     with LiveBytes(existing()) as tracker:
-        run()
+        fn()
     return tracker.peak
 
 
@@ -208,8 +214,8 @@ class Bench:
         self.train_cfg = GPTConfig.preset(size, variant, **overrides)
         self.decode_cfg = replace(self.train_cfg, block_size=max(max_context, self.train_cfg.block_size))
         self.decoder = GPT(self.decode_cfg, device=device).eval()
-        self.model = GPT(self.train_cfg, device=device)
-        self.opts = self.model.configure_optimizers()
+        self.train_model = GPT(self.train_cfg, device=device)
+        self.opts = self.train_model.configure_optimizers()
         g = torch.Generator().manual_seed(0)
         V, T = self.train_cfg.vocab_size, self.train_cfg.block_size
         self.x = torch.randint(0, V, (batch, T), generator=g).to(device)
@@ -217,12 +223,9 @@ class Bench:
         self.prompt = torch.randint(0, V, (decode_batch, self.decode_cfg.block_size), generator=g).to(device)
         self.cache = None
 
-    def autocast(self):
-        return torch.autocast(torch.device(self.device).type, dtype=self.dtype, enabled=self.dtype != torch.float32)
-
     @torch.no_grad()
     def prefill(self, n):
-        with self.autocast():  # the cache takes the autocast dtype
+        with autocast(self.device, self.dtype):  # the cache takes the autocast dtype
             self.cache = self.decoder.new_cache(self.prompt.size(0), self.decode_cfg.block_size)
             logits, _ = self.decoder(self.prompt[:, :n], cache=self.cache, last_only=True)
         return logits[:, -1].argmax(-1, keepdim=True)
@@ -230,7 +233,7 @@ class Bench:
     @torch.no_grad()
     def step(self, tok):
         """One greedy one-token decode step: the next tokens (B, 1)."""
-        with self.autocast():
+        with autocast(self.device, self.dtype):
             logits, _ = self.decoder(tok, cache=self.cache)
         return logits[:, -1].argmax(-1, keepdim=True)
 
@@ -239,17 +242,17 @@ class Bench:
             tok = self.step(tok)
         tok.tolist()  # wait for the device
 
-    def timed(self, run, *args):
-        """(result of run(*args), seconds it took, the device included)."""
+    def timed(self, fn, *args):
+        """(result of fn(*args), seconds it took, the device included)."""
         sync(self.device)
         t0 = time.perf_counter()
-        out = run(*args)
+        out = fn(*args)
         sync(self.device)
         return out, time.perf_counter() - t0
 
     def train_step(self):
-        with self.autocast():
-            _, loss = self.model(self.x, self.y)
+        with autocast(self.device, self.dtype):
+            _, loss = self.train_model(self.x, self.y)
         loss.backward()
         for opt in self.opts:
             opt.step()
@@ -263,10 +266,9 @@ class Bench:
     def memory(self, context, steps):
         """(peak bytes of `steps` decode steps after a prefill to context - steps, peak bytes of a train step)."""
         tok = self.prefill(context - steps)
-        weights = list(self.decoder.parameters()) + list(self.decoder.buffers())
-        cache = self.cache.k + [v for v in self.cache.v if v is not None] + ([self.cache.ids] if self.cache.ids is not None else [])
-        decode = peak_bytes(self.device, lambda: self.decode(tok, steps), lambda: weights + cache)
-        state = lambda: list(self.model.parameters()) + list(self.model.buffers()) + [
+        weights_and_cache = list(self.decoder.parameters()) + list(self.decoder.buffers()) + self.cache.tensors()
+        decode = peak_bytes(self.device, lambda: self.decode(tok, steps), lambda: weights_and_cache)
+        state = lambda: list(self.train_model.parameters()) + list(self.train_model.buffers()) + [
             t for opt in self.opts for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
         train = peak_bytes(self.device, self.train_step, state)
         self.cache = None
@@ -337,7 +339,7 @@ def cache_allocated(benches, context):
     for name, bench in zip("ab", benches):
         bench.prefill(context)
         cfg, cache = bench.decode_cfg, bench.cache
-        s = cache.k[0].element_size()
+        s = cache.k[0].element_size()  # the formula written out, not kv_cache_bytes again: an independent check
         expected = (2 * cfg.n_layer - len(cfg.v_free_layers())) * cfg.n_embd * s + (4 if cfg.table_layers() else 0)
         out[name] = dict(context=context, max_len=cache.max_len, filled=cache.pos, dtype=str(cache.k[0].dtype)[6:],
                          batch=cache.k[0].size(0), allocated=cache.nbytes(),
@@ -398,7 +400,7 @@ def fig5a(path):
         kv, saved = [], []
         for T in contexts:
             net = base.kv_cache_bytes(1, T, KV_DTYPE) - bov.kv_cache_bytes(1, T, KV_DTYPE) - bov.table_bytes(KV_DTYPE)
-            v_bytes = base.n_layer * base.n_embd * T * torch.empty((), dtype=KV_DTYPE).element_size()
+            v_bytes = base.n_layer * base.n_embd * T * KV_DTYPE.itemsize
             saved.append(100 * net / v_bytes)
             kv.append(100 * net / base.kv_cache_bytes(1, T, KV_DTYPE))
         ax.plot(contexts, saved, color=color, label=f"{name}, % of V cache")
@@ -517,6 +519,7 @@ def context_name(T):
 
 
 def report(r):
+    """The text table of run()'s results r, or of the same read back from --json (its context keys strings)."""
     a, b = r["variants"]["a"], r["variants"]["b"]
     lines = [f"bench.py: A = {a}, B = {b}; measured at size {r['size']}"
              + (f" ({', '.join(f'{k}={v}' for k, v in r['overrides'].items())})" if r["overrides"] else "")
@@ -536,16 +539,20 @@ def report(r):
                      f"measured/estimate {f[k]['measured'] / f[k]['estimate']:.4f}")
     lines.append(f"  B/A measured {f['ratio']:.4f}")
     for size, kv in r["kv_cache"].items():
-        be = kv["breakeven_tokens"]
         lines += ["", f"KV cache at size {size} ({kv['dtype']}, batch {kv['batch']}); value tables: A {human(kv['rows'][0]['table_bytes_a'])}, "
                   f"B {human(kv['rows'][0]['table_bytes_b'])} (one copy, shared by the batch); "
                   f"saving = A cache + A tables - B cache - B tables"]
-        paper = kv["breakeven_paper"]
-        lines.append("  breakeven: " + (
-            "none (B saves no cache per token)" if be is None else
-            "none needed (B adds no table bytes and saves memory at every context)" if be == 0 else
-            f"T = {be:,.0f} tokens for one sequence" + (f" (eq. 6: T = {paper:,})" if paper is not None else "")
-            + f"; B*T = {be:,.0f}, i.e. T = {kv['breakeven_context_batch']:,.0f} for the batch"))
+        be, paper = kv["breakeven_tokens"], kv["breakeven_paper"]
+        if be is None:
+            breakeven = "none (B saves no cache per token)"
+        elif be == 0:
+            breakeven = "none needed (B adds no table bytes and saves memory at every context)"
+        else:
+            breakeven = f"T = {be:,.0f} tokens for one sequence"
+            if paper is not None:
+                breakeven += f" (eq. 6: T = {paper:,})"
+            breakeven += f"; B*T = {be:,.0f}, i.e. T = {kv['breakeven_context_batch']:,.0f} for the batch"
+        lines.append(f"  breakeven: {breakeven}")
         lines.append(f"  {'context':>8} {'A / seq':>11} {'B / seq':>11} {'A / batch':>11} {'B / batch':>11} "
                      f"{'saving / seq':>13} {'saving / batch':>15}")
         for row in kv["rows"]:
@@ -560,23 +567,26 @@ def report(r):
         same = "==" if c[k]["allocated"] == c[k]["analytic"] else "!="
         lines.append(f"  {name:<18} {c[k]['allocated']:>14,} bytes {same} analytic {c[k]['analytic']:>14,}   "
                      f"{c[k]['per_token']:,.0f} bytes/token")
-    lines.append(f"  B/A bytes per token {c['ratio_per_token']:.6f}, expected ((2L - n_vfree) d s + ids) / (2L d s) "
+    lines.append(f"  B/A bytes per token {c['ratio_per_token']:.6f}, expected ((2L - n_vfree) d s + ids) of B over A "
                  f"{c['ratio_expected']:.6f}")
     s = r["speed"]
     lines += ["", f"Speed and memory ({s['rounds_run']} rounds, A and B interleaved, alternating order; medians; "
               f"B/A = median and quartiles of the per-round ratios)"]
     rows = []  # (label, A, B, measurement), formatted once every column's width is known
-    row = lambda label, m, fmt: rows.append((label, fmt(m["a"]), fmt(m["b"]), m))
+
+    def add_row(label, m, fmt):
+        rows.append((label, fmt(m["a"]), fmt(m["b"]), m))
     nb = f", batch {s['decode_batch']}" if s["decode_batch"] > 1 else ""
     for ctx, m in s["prefill_tok_s"].items():
-        row(f"prefill tok/s, {int(ctx) - s['steps']} tokens{nb}", m, lambda x: f"{x:,.0f}")
+        add_row(f"prefill tok/s, {int(ctx) - s['steps']} tokens{nb}", m, lambda x: f"{x:,.0f}")
     for ctx, m in s["decode_tok_s"].items():
-        row(f"decode tok/s at context {ctx}{nb}", m, lambda x: f"{x:,.1f}")
-    row(f"train step ms ({s['batch']}x{s['train_block_size']})", s["train_step_ms"], lambda x: f"{x:,.1f}")
-    row(f"peak memory, decode at {max(map(int, s['decode_tok_s']))}{nb}", s["peak_bytes"]["decode"], human)
-    row("peak memory, train step", s["peak_bytes"]["train_step"], human)
+        add_row(f"decode tok/s at context {ctx}{nb}", m, lambda x: f"{x:,.1f}")
+    add_row(f"train step ms ({s['batch']}x{s['train_block_size']})", s["train_step_ms"], lambda x: f"{x:,.1f}")
+    add_row(f"peak memory, decode at {max(map(int, s['decode_tok_s']))}{nb}", s["peak_bytes"]["decode"], human)
+    add_row("peak memory, train step", s["peak_bytes"]["train_step"], human)
     w = max(len(label) for label, *_ in rows)
-    wa, wb = max(12, len(a), *(len(r[1]) for r in rows)), max(12, len(b), *(len(r[2]) for r in rows))
+    wa = max(12, len(a), *(len(x) for _, x, _, _ in rows))
+    wb = max(12, len(b), *(len(y) for _, _, y, _ in rows))
     lines.append(f"  {'':<{w}} {a:>{wa}} {b:>{wb}} {'B/A':>7}  {'quartiles':>11}")
     lines += [f"  {label:<{w}} {x:>{wa}} {y:>{wb}} {m['ratio']:>7.3f}"
               + (f"  {m['ratio_q1']:.3f}-{m['ratio_q3']:.3f}" if "ratio_q1" in m else "") for label, x, y, m in rows]
@@ -602,7 +612,7 @@ def parse_overrides(text):
                              f"and B alike): add a variant to VARIANTS in model.py and name it in --variants")
         value = value.strip()
         bools = {"true": True, "false": False}
-        out[key] = int(value) if value.lstrip("-").isdigit() else bools.get(value.lower(), value)
+        out[key] = int(value) if re.fullmatch(r"[+-]?\d+", value) else bools.get(value.lower(), value)
     return out
 
 
@@ -613,8 +623,8 @@ def parse_args(argv=None):
     p.add_argument("metrics", nargs="*", help="train.py metrics JSONL files: with --plot, draw only the plots "
                    "(Fig 5a, val curves, Fig 2 coefficients) and skip the benchmark")
     p.add_argument("--variants", nargs=2, default=["baseline", "bov"], metavar=("A", "B"), help="the two presets (default: baseline bov)")
-    p.add_argument("--size", choices=list(SIZES), default="paper_135m" if cuda else "cpu",
-                   help="size of the measured models (default: cpu on a CPU, paper_135m on a GPU)")
+    p.add_argument("--size", choices=list(SIZES),
+                   help="size of the measured models (default: paper_135m when --device is a GPU, else cpu)")
     p.add_argument("--config", help="GPTConfig overrides of the measured size, for both presets, e.g. n_layer=6,n_embd=48,vocab_size=97")
     p.add_argument("--contexts", default="128,1024,4096", help="decode contexts, comma-separated (default 128,1024,4096)")
     p.add_argument("--steps", type=int, help="decode steps timed at each context (default 32; --quick 4)")
@@ -633,6 +643,8 @@ def parse_args(argv=None):
                    "coefficients.png, without running the benchmark")
     p.add_argument("--plot_dir", default="out/plots", help="folder for the PNGs (default out/plots)")
     args = p.parse_args(argv)
+    if args.size is None:  # from --device, not from what the machine has: --device cpu on a GPU box measures cpu
+        args.size = "paper_135m" if args.device.startswith("cuda") else "cpu"
     quick = dict(steps=4, rounds=1, batch=2) if args.quick else dict(steps=32, rounds=7, batch=8)
     for k, v in quick.items():
         if getattr(args, k) is None:
@@ -674,7 +686,7 @@ def run(args, log):
     sizes = {s: {} for s in PAPER_BUDGETS} | {args.size: overrides}
     a, b = args.variants
     r = dict(variants=dict(a=a, b=b), size=args.size, overrides=overrides, device=args.device, dtype=str(dtype)[6:],
-             threads=torch.get_num_threads(), torch=torch.__version__, command=" ".join(["python", "bench.py"] + (args.argv or [])))
+             threads=torch.get_num_threads(), torch=torch.__version__, command=shlex.join(["python", "bench.py"] + (args.argv or [])))
     log("accounting")
     r["accounting"] = accounting(args.variants, sizes)
     r["kv_cache"] = {s: kv_memory(GPTConfig.preset(s, a, **o), GPTConfig.preset(s, b, **o), args.serve_batch)
@@ -684,13 +696,29 @@ def run(args, log):
                for v in args.variants]
     log("counting FLOPs")
     fa, fb = (measured_flops(bench.train_cfg, args.device) for bench in benches)
-    r["flops_measured"] = dict(a=dict(measured=fa[0], estimate=fa[1]), b=dict(measured=fb[0], estimate=fb[1]),
-                               ratio=fb[0] / fa[0], tokens=benches[0].train_cfg.block_size)
+    r["flops_measured"] = dict(a=fa, b=fb, ratio=fb["measured"] / fa["measured"], tokens=benches[0].train_cfg.block_size)
     r["cache_allocated"] = cache_allocated(benches, max(args.contexts))
     speed = measure(benches, args.contexts, args.steps, args.rounds, log)
     r["speed"] = dict(speed, steps=args.steps, rounds_run=args.rounds, batch=args.batch, decode_batch=args.decode_batch,
                       train_block_size=benches[0].train_cfg.block_size)
     return r
+
+
+def draw_plots(args, log):
+    """Fig 5a, and given metrics files the val curves and Fig 2: the paths of the PNGs written."""
+    paths = [os.path.join(args.plot_dir, "fig5a.png")]
+    fig5a(paths[0])
+    if args.metrics:
+        paths.append(os.path.join(args.plot_dir, "val_curves.png"))
+        val_curves(args.metrics, paths[-1])
+        coeffs = os.path.join(args.plot_dir, "coefficients.png")
+        if coefficient_plot(args.metrics, coeffs):
+            paths.append(coeffs)
+        else:
+            log("these runs have no learned coefficients: no coefficients.png")
+            if os.path.exists(coeffs):  # an earlier --plot's, of other runs: not left beside these
+                os.remove(coeffs)
+    return paths
 
 
 def main(argv=None):
@@ -702,20 +730,9 @@ def main(argv=None):
         if args.plot:  # read the metrics first: a bad file fails before anything is drawn or timed
             for path in args.metrics:
                 read_metrics(path)
-        r = {} if args.metrics else run(args, log)
+        r = {} if args.metrics else run(args, log)  # metrics files: plots only
         if args.plot:
-            r["plots"] = [os.path.join(args.plot_dir, "fig5a.png")]
-            fig5a(r["plots"][0])
-            if args.metrics:
-                r["plots"].append(os.path.join(args.plot_dir, "val_curves.png"))
-                val_curves(args.metrics, r["plots"][-1])
-                coeffs = os.path.join(args.plot_dir, "coefficients.png")
-                if coefficient_plot(args.metrics, coeffs):
-                    r["plots"].append(coeffs)
-                else:
-                    log("these runs have no learned coefficients: no coefficients.png")
-                    if os.path.exists(coeffs):  # an earlier --plot's, of other runs: not left beside these
-                        os.remove(coeffs)
+            r["plots"] = draw_plots(args, log)
     except KeyboardInterrupt:
         sys.exit("bench.py: interrupted")
     except Exception as e:

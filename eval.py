@@ -7,10 +7,11 @@ CORE: the 21 in-context tasks of DCLM that the paper reports (its Section 5, Tab
 
 Each task is a file of items in the DCLM eval bundle. A prompt is a few solved examples of the
 same task (drawn with a seed from the task's other items), each followed by a blank line, then
-the item itself; the tokens always start with bos and, past the model's block_size, are cropped
-from the left. Three kinds of task, three ways to score:
+the item itself; the tokens start with bos, and a prompt longer than the model's block_size is
+cropped from the left, bos included (as nanochat crops; sample.py keeps bos). Three kinds of task,
+three ways to score:
     multiple choice   {"query", "choices", "gold"}: the choice with the lowest loss per byte, the
-                      summed loss of its tokens over the UTF-8 bytes they decode to
+                      summed loss of its scored tokens over those tokens' bytes
     schema            {"context_options", "continuation", "gold"}: the context under which the
                       shared continuation has the lowest loss per byte (its bytes are the same
                       under every context, so: the lowest summed loss)
@@ -53,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from model import GPT, first_line, no_checkpoint
+from model import GPT, first_line, no_checkpoint, out_of_memory
 from prepare_data import DataError, connection_text, not_utf8, silence_stdout, url_reachable, write_json
 from sample import check_device, checkpoint_tokenizer
 
@@ -61,8 +62,11 @@ EVAL_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundl
 
 # The 21 tasks as the paper's own code configures them (RiddleHe/nanochat, branch research/bank_of_values,
 # configs/core.yaml; DCLM's core tasks): file in eval_data/, kind, number of few-shot examples, and the
-# text between a question and its answer. Note ARC 25-shot and Winogrande 5-shot there, where DCLM's
-# low-variance config and current nanochat use 10, 10 and 0.
+# text between a question and its answer. Note ARC-Easy and ARC-Challenge 25-shot and Winogrande 5-shot
+# there, where DCLM's low-variance config and current nanochat use 10, 10 and 0.
+# A label is the task's "Eval Task" in eval_meta_data.csv (its random baseline). A task of an existing kind
+# is one line here; a new kind needs its FIELDS, item_problem, render, encode and its rule in evaluate_task.
+# CORE averages every task here: a 22nd line makes it no longer the paper's.
 Task = namedtuple("Task", "path kind shots delimiter")
 ANSWER = "\nAnswer: "
 TASKS = {
@@ -120,28 +124,30 @@ def get_bundle(path=None, flag="--bundle"):
     there first if need be (BOV_EVAL_BUNDLE_URL overrides the URL). `flag` is the option that
     names a bundle in the caller's messages (train.py's is --eval_bundle)."""
     if path is not None:
-        nested = os.path.join(path, "eval_bundle")
-        if bundle_problem(path) and not bundle_problem(nested):
-            return nested
-        if bundle_problem(path):
-            raise EvalError(f"{flag}: {bundle_problem(path)}; expected an unzipped eval_bundle "
-                            f"(eval_meta_data.csv and eval_data/)")
-        return path
+        for candidate in (path, os.path.join(path, "eval_bundle")):
+            if not bundle_problem(candidate):
+                return candidate
+        raise EvalError(f"{flag}: {bundle_problem(path)}; expected an unzipped eval_bundle "
+                        f"(eval_meta_data.csv and eval_data/)")
     dest = cache_dir()
     if not bundle_problem(dest):
         return dest
     if os.path.exists(dest):
         raise EvalError(f"{bundle_problem(dest)}; delete {dest} to download the bundle again")
     url = os.environ.get("BOV_EVAL_BUNDLE_URL", EVAL_BUNDLE_URL)
+    if not is_http_url(url):
+        raise EvalError(f"BOV_EVAL_BUNDLE_URL={url!r} is not an http(s) URL")
+    download_bundle(url, dest, flag)
+    return dest
+
+
+def is_http_url(url):
     try:
         parts = urllib.parse.urlsplit(url)
         parts.port  # raises ValueError for a port that is not a number
     except ValueError:
-        parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise EvalError(f"BOV_EVAL_BUNDLE_URL={url!r} is not an http(s) URL")
-    download_bundle(url, dest, flag)
-    return dest
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def download_bundle(url, dest, flag="--bundle"):
@@ -179,7 +185,7 @@ def download_bundle(url, dest, flag="--bundle"):
         except OSError as e:  # fine if another process has just put a whole bundle there
             if bundle_problem(dest):
                 raise EvalError(f"could not move the bundle to {dest}: {e}") from None
-        print(f"eval bundle ready in {dest}")
+        print(f"eval bundle ready in {dest}", file=sys.stderr)  # stdout is the results table
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -239,6 +245,30 @@ def load_task(bundle, label):
     if not items:
         raise EvalError(f"{path} holds no items")
     return items
+
+
+def check_tasks(tasks):
+    """The task labels as a list (None: all 21); EvalError for an unknown one."""
+    tasks = list(TASKS) if tasks is None else list(dict.fromkeys(tasks))  # each task once, in the order given
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        raise EvalError(f"unknown task(s) {', '.join(unknown) or '(none given)'}; the tasks are {', '.join(TASKS)}")
+    return tasks
+
+
+def load_bundle(bundle_dir=None, tasks=None, flag="--bundle"):
+    """(bundle folder, task labels, {label: random baseline}, {label: items}), every task file read and
+    checked: what evaluate_core needs, and what train.py --core_eval checks before it trains."""
+    tasks = check_tasks(tasks)
+    bundle = get_bundle(bundle_dir, flag)
+    baselines = load_baselines(bundle)
+    missing = [t for t in tasks if t not in baselines]
+    if missing:
+        raise EvalError(f"{bundle}/eval_meta_data.csv has no random baseline for {', '.join(missing)}")
+    missing = [TASKS[t].path for t in tasks if not os.path.isfile(os.path.join(bundle, "eval_data", TASKS[t].path))]
+    if missing:  # before hours of work, not after
+        raise EvalError(f"{bundle}/eval_data lacks {', '.join(missing)}")
+    return bundle, tasks, baselines, {label: load_task(bundle, label) for label in tasks}
 
 
 # -----------------------------------------------------------------------------
@@ -334,6 +364,16 @@ def score(model, rows, batch_size, device, pad_id, bar=None):
     return losses, right
 
 
+def per_byte(loss, row, tokenizer):
+    """Summed loss over the UTF-8 bytes of the scored tokens (at least 1), as the paper's code
+    (RiddleHe/nanochat, research/bank_of_values, nanochat/core_eval.py) ranks multiple-choice and
+    schema options: lm-eval-harness's acc_norm. Upstream nanochat ranks by mean loss per token,
+    which favours options split into more, easier tokens."""
+    tokens, start, end = row
+    # the tokens' own bytes, not their decoded text: a span that begins inside a character decodes to U+FFFD (3 bytes)
+    return loss / max(1, len(tokenizer.decode_bytes(tokens[start:end])))
+
+
 def evaluate_task(model, tokenizer, label, data, n=None, device="cpu", batch_size=16, bar=None):
     """Accuracy on the first n items of data (all by default); the few-shot examples of item i
     come from all of data but item i."""
@@ -352,45 +392,12 @@ def evaluate_task(model, tokenizer, label, data, n=None, device="cpu", batch_siz
     correct = 0
     for i in range(n):
         a, b = first[i], first[i + 1]
-        if task.kind == "lm":
+        if task.kind == "lm":  # one row: right when every continuation token is the argmax
             correct += right[a]
-        else:  # the option with the lowest loss per byte, the first one on a tie
-            correct += min(range(a, b), key=lambda r: per_byte(losses[r], rows[r], tokenizer)) - a == data[i]["gold"]
+        else:  # one row per option: the lowest loss per byte wins, the first one on a tie
+            option_losses = [per_byte(losses[r], rows[r], tokenizer) for r in range(a, b)]
+            correct += option_losses.index(min(option_losses)) == data[i]["gold"]
     return correct / n
-
-
-def per_byte(loss, row, tokenizer):
-    """Summed loss over the UTF-8 bytes of the scored tokens (at least 1), as the paper's code
-    (RiddleHe/nanochat, research/bank_of_values, nanochat/core_eval.py) ranks multiple-choice and
-    schema options: lm-eval-harness's acc_norm. Upstream nanochat ranks by mean loss per token,
-    which favours options split into more, easier tokens."""
-    tokens, start, end = row
-    # the tokens' own bytes, not their decoded text: a span that begins inside a character decodes to U+FFFD (3 bytes)
-    return loss / max(1, len(tokenizer.decode_bytes(tokens[start:end])))
-
-
-def check_tasks(tasks):
-    """The task labels as a list (None: all 21); EvalError for an unknown one."""
-    tasks = list(TASKS) if tasks is None else list(dict.fromkeys(tasks))  # each task once, in the order given
-    unknown = [t for t in tasks if t not in TASKS]
-    if unknown or not tasks:
-        raise EvalError(f"unknown task(s) {', '.join(unknown) or '(none given)'}; the tasks are {', '.join(TASKS)}")
-    return tasks
-
-
-def load_bundle(bundle_dir=None, tasks=None, flag="--bundle"):
-    """(bundle folder, task labels, {label: random baseline}, {label: items}), every task file read and
-    checked: what evaluate_core needs, and what train.py --core_eval checks before it trains."""
-    tasks = check_tasks(tasks)
-    bundle = get_bundle(bundle_dir, flag)
-    baselines = load_baselines(bundle)
-    missing = [t for t in tasks if t not in baselines]
-    if missing:
-        raise EvalError(f"{bundle}/eval_meta_data.csv has no random baseline for {', '.join(missing)}")
-    missing = [TASKS[t].path for t in tasks if not os.path.isfile(os.path.join(bundle, "eval_data", TASKS[t].path))]
-    if missing:  # before hours of work, not after
-        raise EvalError(f"{bundle}/eval_data lacks {', '.join(missing)}")
-    return bundle, tasks, baselines, {label: load_task(bundle, label) for label in tasks}
 
 
 def evaluate_core(model, tokenizer, bundle_dir=None, tasks=None, max_per_task=None, device=None, batch_size=16, loaded=None):
@@ -472,9 +479,9 @@ def main(argv=None):
         model, ckpt = GPT.from_checkpoint(args.ckpt, args.device)
         tokenizer = checkpoint_tokenizer(args.ckpt, ckpt, model.config.vocab_size, args.data_dir)
         result = evaluate_core(model, tokenizer, bundle, tasks, args.max_per_task, args.device, args.batch_size)
-    except torch.OutOfMemoryError:
-        sys.exit(f"eval.py: error: out of memory on {args.device}; lower --batch_size (now {args.batch_size})")
-    except (EvalError, DataError, OSError, ValueError, RuntimeError) as e:
+    except (EvalError, DataError, OSError, ValueError, RuntimeError, MemoryError) as e:
+        if out_of_memory(e):  # on the GPU or the host
+            sys.exit(f"eval.py: error: out of memory on {args.device}; lower --batch_size (now {args.batch_size})")
         sys.exit(f"eval.py: error: {first_line(e, None)}")
     except KeyboardInterrupt:
         sys.exit("eval.py: interrupted")

@@ -267,9 +267,12 @@ class KVCache:
         self.pos = 0  # number of positions already written
         self.max_len = max_len
 
+    def tensors(self):
+        """Every tensor the cache allocated: K, the V that are kept, the ids."""
+        return self.k + [v for v in self.v if v is not None] + ([self.ids] if self.ids is not None else [])
+
     def nbytes(self):
-        tensors = self.k + [v for v in self.v if v is not None] + ([self.ids] if self.ids is not None else [])
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
 
 @dataclass

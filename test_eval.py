@@ -450,7 +450,7 @@ def closed_port_url():
     return f"http://127.0.0.1:{port}/eval_bundle.zip"
 
 
-def test_download_once_into_the_cache(tmp_path, monkeypatch):
+def test_download_once_into_the_cache(tmp_path, monkeypatch, capsys):
     bundle = write_bundle(tmp_path / "src", {"copa": fixture_items("copa", 5)})
     (tmp_path / "www").mkdir()
     with zipfile.ZipFile(tmp_path / "www" / "eval_bundle.zip", "w") as z:
@@ -473,7 +473,10 @@ def test_download_once_into_the_cache(tmp_path, monkeypatch):
                 ev.get_bundle()
             assert os.listdir(tmp_path / "cache" / "bov") == []  # nothing half-made is left
         monkeypatch.setenv("BOV_EVAL_BUNDLE_URL", url + "/eval_bundle.zip")
+        capsys.readouterr()
         path = ev.get_bundle()
+        said = capsys.readouterr()
+        assert said.out == "" and f"eval bundle ready in {path}" in said.err  # stdout is the results table's
         assert path == str(tmp_path / "cache" / "bov" / "eval_bundle") and sorted(os.listdir(tmp_path / "cache" / "bov")) == ["eval_bundle"]
         res = ev.evaluate_core(RuleModel(), CharTokenizer(), None, tasks=["copa"])
         assert res["bundle"] == path and res["tasks"]["copa"]["items"] == 5
@@ -494,6 +497,25 @@ def test_a_bundle_behind_a_proxy_is_reachable_through_the_proxy(monkeypatch):
         assert ev.url_reachable("https://bundle.example.invalid/eval_bundle.zip", timeout=2)
         monkeypatch.setattr(ev.urllib.request, "getproxies", lambda: {})
         assert not ev.url_reachable("https://bundle.example.invalid/eval_bundle.zip", timeout=2)
+
+
+def test_host_out_of_memory_names_batch_size(tmp_path, monkeypatch):
+    """The host allocator's RuntimeError, not only CUDA's OutOfMemoryError, gets the --batch_size hint."""
+    bundle = write_bundle(tmp_path / "b", {"copa": fixture_items("copa", 5)})
+    ckpt = tmp_path / "run" / "ckpt.pt"
+    ckpt.parent.mkdir()
+    ckpt.write_bytes(b"")
+    model = type("M", (), {"config": type("C", (), {"vocab_size": 128})})()
+    monkeypatch.setattr(ev.GPT, "from_checkpoint", classmethod(lambda cls, *a: (model, {})))
+    monkeypatch.setattr(ev, "checkpoint_tokenizer", lambda *a: None)
+
+    def oom(*a):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 68719476736 bytes. Error code 12 (Cannot allocate memory)")
+    monkeypatch.setattr(ev, "evaluate_core", oom)
+    with pytest.raises(SystemExit) as e:
+        ev.main(["--ckpt", str(ckpt), "--device", "cpu", "--bundle", str(bundle), "--batch_size", "4"])
+    assert e.value.code == "eval.py: error: out of memory on cpu; lower --batch_size (now 4)"
 
 
 def test_sigterm_during_the_download_leaves_no_partial_file(tmp_path):

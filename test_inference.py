@@ -6,6 +6,7 @@ import math
 import os
 import random
 import re
+import shlex
 import subprocess
 import sys
 
@@ -334,6 +335,9 @@ def test_no_new_tokens_and_tiny_temperatures(tiny, capsys):
 
 # ---------------------------------------------------------------------------- bench.py
 
+BENCH_ARGS = ["--quick", "--config", TINY, "--contexts", "16, 40", "--decode_batch", "2", "--json", "--threads", "1"]
+
+
 @pytest.fixture(scope="module")
 def bench_json():
     """One quick bench run of baseline vs bov on a tiny model, decoding 2 sequences at once, as JSON."""
@@ -342,14 +346,14 @@ def bench_json():
     out, threads = io.StringIO(), torch.get_num_threads()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-            bench.main(["--quick", "--config", TINY, "--contexts", "16,40", "--decode_batch", "2",
-                       "--json", "--threads", "1"])
+            bench.main(BENCH_ARGS)
     finally:
         torch.set_num_threads(threads)  # bench.main sets it for the whole process
     return json.loads(out.getvalue())
 
 
 def test_bench_json_has_every_field(bench_json):
+    assert shlex.split(bench_json["command"]) == ["python", "bench.py", *BENCH_ARGS]  # pasted into a shell, the same run
     r = bench_json
     assert r["variants"] == {"a": "baseline", "b": "bov"} and r["overrides"]["n_embd"] == 48
     rows = {(x["size"], x["variant"]): x for x in r["accounting"]}
@@ -476,6 +480,7 @@ def test_bench_config_overrides_and_quartiles():
             bench.parse_overrides("n_layer=6," + field)
     with pytest.raises(bench.BenchError, match="key=value pairs separated by commas, got '5'"):
         bench.parse_overrides("n_layer=6,5")
+    assert bench.parse_overrides("n_layer=+6,x=--6,y=-2") == dict(n_layer=6, x="--6", y=-2)  # "--6" is no int for int()
     with pytest.raises(ValueError, match="shared_table must be True or False"):
         GPTConfig.preset("cpu", "bov", shared_table="False")  # a non-empty string must not count as True
     m = bench.paired([1.0, 1.0], [0.9, 1.1])  # two rounds: the quartiles stay within the data
@@ -540,7 +545,18 @@ def test_bench_plots_and_metrics(tmp_path, capsys, monkeypatch):
         assert e.value.code.startswith("bench.py: error: ") and expected in e.value.code and "\n" not in e.value.code
 
 
+def test_bench_size_follows_the_device_and_the_command_is_quoted(monkeypatch):
+    """On a GPU box --device cpu measures the cpu size, not paper_135m; the recorded command can be pasted back."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert bench.parse_args(["--device", "cpu", "--threads", "1"]).size == "cpu"
+    assert bench.parse_args(["--device", "cuda:1", "--threads", "1"]).size == "paper_135m"
+    assert bench.parse_args(["--threads", "1"]).size == "paper_135m"  # the default device is then cuda
+
+
 def test_bench_bad_arguments_are_one_line_errors(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--config", "n_layer=--6", "--threads", "1"])
+    assert e.value.code == "bench.py: error: bad GPTConfig: n_layer must be a positive integer, got '--6' (size cpu, variant baseline)"
     with pytest.raises(SystemExit) as e:
         bench.main(["--variants", "baseline", "nope", "--threads", "1"])
     assert e.value.code.startswith("bench.py: error: unknown variant 'nope'") and "\n" not in e.value.code
