@@ -11,10 +11,17 @@ Every document starts with the bos token. Output files in the data dir:
     token_bytes.npy     int32 [vocab_size]: UTF-8 byte length of each token id (bos: 0), for bits per byte
     train_00000.bin ... val_00000.bin ...   shards: 24-byte header + flat little-endian token ids
     meta.json           written last; its presence means the preparation is complete
+    progress.json       while a preparation is under way: what a rerun resumes from
+    .lock               the folder lock (see lock_folder)
 
-The loading API below (load_meta, load_tokenizer, load_tokens, load_token_bytes) is what
-train.py and sample.py use (eval.py through sample.py). Importing this file is cheap: datasets,
-pyarrow and rustbpe are imported lazily inside the functions that need them.
+Reading the file top to bottom: shared file helpers, the files' format, the loading API, network
+checks, sources, tokenizers, encoding, prepare() (the main flow), the command line. To add a source,
+see Source and resolve_config; the val/train split is Source.is_val_candidate.
+
+The loading API (load_meta, load_tokenizer, tokenizer_sha256, load_tokens, load_token_bytes) is what
+train.py and sample.py use; train.py, bench.py and eval.py also use the file and network helpers.
+Importing this file is cheap: datasets, pyarrow and rustbpe are imported lazily inside the
+functions that need them.
 """
 
 import argparse
@@ -48,12 +55,6 @@ from tqdm import tqdm
 DEFAULT_DATA_DIR = "data/shakespeare"
 FORMAT = 1  # version of the whole layout (meta.json, tokenizer.json, shards)
 
-# shard header, little-endian: magic (8 bytes), format version (uint32), bytes per token (uint32),
-# token count (uint64); the flat token array follows at byte HEADER_BYTES
-HEADER = struct.Struct("<8sIIQ")
-HEADER_BYTES = HEADER.size  # 24
-MAGIC = b"BOVTOKS\x00"
-
 # the GPT-4 (cl100k) split pattern
 SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
 BOS = "<|bos|>"
@@ -61,12 +62,193 @@ BOS = "<|bos|>"
 # Shakespeare: these whole plays are the validation split (one tragedy, one comedy, one history)
 VAL_PLAYS = ("macbeth", "twelfth-night", "richard-ii")
 CLIMBMIX = "karpathy/climbmix-400b-shuffle"
+
+# per kind of source, the defaults that the flags override. climbmix's are the paper's: a 32768-token
+# vocab (Table 6) and a held-out split of about 41.9M tokens; 2.2e9 train tokens hold a 135M run's 1.97B
+SOURCE_DEFAULTS = {  # train_tokens None: the whole source; val_tokens None: all val candidates
+    "shakespeare": dict(out_dir=DEFAULT_DATA_DIR, vocab_size=4096, train_tokens=None, val_tokens=None),
+    "climbmix": dict(out_dir="data/climbmix", vocab_size=32768, train_tokens=2_200_000_000, val_tokens=41_900_000),
+    "hf": dict(out_dir=None, vocab_size=32768, train_tokens=None, val_tokens=1_000_000),  # out_dir: data/<name>
+    "files": dict(out_dir="data/files", vocab_size=32768, train_tokens=None, val_tokens=1_000_000),
+}
 OFFLINE_HINT = ("prepare the offline default with `python prepare_data.py` (Shakespeare) "
                 "or local files with --source=files:'corpus/*.jsonl'")
 
 
 class DataError(Exception):
     """one-line, user-facing problem with prepared data"""
+
+
+# -----------------------------------------------------------------------------
+# files, folders and locks (also used by train.py, bench.py and eval.py)
+
+def atomic_write(path, write, tmp=None):
+    """Call write(f) on a temporary file (tmp, default path + ".tmp"), then rename it to path,
+    so that path is never half-written."""
+    tmp = tmp or path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def write_json(path, obj, tmp=None):
+    """Write obj as indented JSON to path atomically."""
+    atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()), tmp)
+
+
+LOCK = ".lock"  # the file that lock_folder holds in a folder
+
+
+def lock_folder(folder, exclusive, busy):
+    """Lock `folder` until the returned file is closed or this process ends (the kernel drops the lock
+    of a killed one): exclusive for a writer (prepare_data.py in its --out_dir, train.py in its
+    --out_dir), shared for a reader (train.py on its data). DataError(busy) if another process holds
+    it the other way. Returns the open lock file, to be kept; None for a folder where no lock file
+    can be made (read-only: nobody writes there either)."""
+    path = os.path.join(folder, LOCK)
+    try:
+        f = open(path, "a")
+    except OSError:
+        try:
+            f = open(path)
+        except OSError:
+            return None
+    try:
+        fcntl.flock(f, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise DataError(busy) from None
+    return f
+
+
+def missing_top(path):
+    """The highest folder on the way to path that does not exist yet (the first that os.makedirs(path)
+    would make), or None when path exists."""
+    path, top = os.path.abspath(path), None
+    while not os.path.exists(path):
+        path, top = os.path.dirname(path), path
+    return top
+
+
+def remove_unused(folder, top):
+    """Undo the os.makedirs(folder) of a run that wrote nothing there but its lock file: remove the lock,
+    then folder and its parents up to top (see missing_top), each only while it is empty."""
+    if top is None:
+        return
+    folder = os.path.abspath(folder)
+    with contextlib.suppress(OSError):
+        if os.listdir(folder) == [LOCK]:
+            os.remove(os.path.join(folder, LOCK))
+        while True:
+            os.rmdir(folder)  # OSError when not empty: what is left there stays
+            if folder == top:
+                return
+            folder = os.path.dirname(folder)
+
+
+def out_dir_problem(path):
+    """None when path is a writable folder (made if missing), else why not, in a few words
+    (train.py's --out_dir and bench.py's --plot_dir, checked before any work)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return "is a file, not a folder"
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        return f"cannot be made: {e.strerror}"
+    return None if os.access(path, os.W_OK) else "is not writable"
+
+
+def silence_stdout():
+    """Point stdout at /dev/null once a write to it failed (its reader left, its disk is full), so that
+    Python's flush at exit does not fail, and print an error, a second time."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+# -----------------------------------------------------------------------------
+# the files' format: tokenizer.json and token shards (see the module docstring)
+
+# shard header, little-endian: magic (8 bytes), format version (uint32), bytes per token (uint32),
+# token count (uint64); the flat token array follows at byte HEADER_BYTES
+HEADER = struct.Struct("<8sIIQ")
+HEADER_BYTES = HEADER.size  # 24
+MAGIC = b"BOVTOKS\x00"
+
+
+def _tokenizer_json(kind, pattern, token_bytes, bos, bos_id):
+    """tokenizer.json's content: the bytes of every ordinary token, by id (base64), then bos as the last id."""
+    assert bos_id == len(token_bytes)
+    return {"kind": kind, "pattern": pattern, "bos": bos, "bos_id": bos_id, "vocab_size": bos_id + 1,
+            "ranks": [base64.b64encode(b).decode("ascii") for b in token_bytes]}
+
+
+def _encoding_from_json(tok):
+    """The tiktoken.Encoding of a tokenizer.json dict (KeyError, TypeError, ValueError if it is not one)."""
+    ranks = {base64.b64decode(b): i for i, b in enumerate(tok["ranks"])}
+    return tiktoken.Encoding(name=f"bov-{tok['kind']}-{tok['vocab_size']}", pat_str=tok["pattern"],
+                             mergeable_ranks=ranks, special_tokens={tok["bos"]: tok["bos_id"]},
+                             explicit_n_vocab=tok["vocab_size"])
+
+
+def write_shard(path, tokens):
+    """Write a 1-D token array as a shard: header, then the ids little-endian."""
+    tokens = tokens.astype(tokens.dtype.newbyteorder("<"), copy=False)
+
+    def write(f):
+        f.write(HEADER.pack(MAGIC, FORMAT, tokens.dtype.itemsize, len(tokens)))
+        tokens.tofile(f)
+    atomic_write(path, write)
+
+
+def _shard_problem(path, dtype, expected_tokens, bos_id):
+    """Return None if the shard at path is valid, else a short description of what is wrong."""
+    if not os.path.exists(path):
+        return "is missing"
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(HEADER_BYTES)
+    if len(head) < HEADER_BYTES:
+        return f"is truncated ({size} bytes, shorter than its header)"
+    magic, version, itemsize, count = HEADER.unpack(head)
+    if magic != MAGIC:
+        return "is corrupt (not a bov token shard)"
+    if version != FORMAT:
+        return f"has format version {version}, expected {FORMAT}"
+    if itemsize != dtype.itemsize or count != expected_tokens:
+        return (f"is corrupt (header says {count} tokens of {itemsize} bytes, "
+                f"meta says {expected_tokens} of {dtype.itemsize})")
+    if size != HEADER_BYTES + count * itemsize:
+        return f"is truncated ({size} bytes, expected {HEADER_BYTES + count * itemsize})"
+    if count and np.fromfile(path, dtype=dtype.newbyteorder("<"), count=1, offset=HEADER_BYTES)[0] != bos_id:
+        return "is corrupt (does not start with the bos token)"
+    return None
+
+
+def _open_shard(path, dtype, expected_tokens, bos_id):
+    """The shard's tokens as a read-only memmap (DataError if _shard_problem finds one)."""
+    problem = _shard_problem(path, dtype, expected_tokens, bos_id)
+    if problem:
+        raise DataError(f"{path} {problem}; re-run prepare_data.py with the same arguments to rebuild it")
+    return np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r", offset=HEADER_BYTES, shape=(expected_tokens,))
+
+
+def _shard_lists_problem(state):
+    """None if both shard lists of a meta / progress state hold {"file": str, "tokens": int, ...} entries."""
+    def well_formed(shard):
+        return isinstance(shard, dict) and isinstance(shard.get("file"), str) and isinstance(shard.get("tokens"), int)
+
+    for split in ("train", "val"):
+        shards = state.get(split + "_shards")
+        if not isinstance(shards, list) or not all(map(well_formed, shards)):
+            return f"lists a {split} shard without a file name and token count"
+    return None
 
 
 # -----------------------------------------------------------------------------
@@ -92,9 +274,10 @@ def load_meta(data_dir):
                         f"re-run prepare_data.py with --force")
     for key, kind in (("vocab_size", int), ("bos_id", int), ("dtype", str), ("tokenizer_file", str),
                       ("token_bytes", str), ("train_shards", list), ("val_shards", list)):
-        if not isinstance(meta.get(key), kind) or (kind is list and not meta[key]):
-            raise DataError(f"{path} has no {key} (or not a {'non-empty ' if kind is list else ''}{kind.__name__}); "
-                            f"re-run prepare_data.py with --force")
+        value = meta.get(key)
+        if not isinstance(value, kind) or value == []:
+            what = "non-empty list" if kind is list else kind.__name__
+            raise DataError(f"{path} has no {key} (or not a {what}); re-run prepare_data.py with --force")
     if problem := _shard_lists_problem(meta):
         raise DataError(f"{path} {problem}; re-run prepare_data.py with --force")
     if meta["dtype"] not in ("uint16", "uint32"):
@@ -153,16 +336,6 @@ def tokenizer_sha256(data_dir):
         raise DataError(f"{path} is unreadable ({e.strerror}); re-run prepare_data.py with --force") from None
 
 
-def _shard_lists_problem(state):
-    """None if both shard lists of a meta / progress state hold {"file": str, "tokens": int, ...} entries."""
-    for split in ("train", "val"):
-        if not isinstance(state.get(split + "_shards"), list) or not all(
-                isinstance(sh, dict) and isinstance(sh.get("file"), str) and isinstance(sh.get("tokens"), int)
-                for sh in state[split + "_shards"]):
-            return f"lists a {split} shard without a file name and token count"
-    return None
-
-
 def load_tokens(data_dir, split):
     """Return list[np.memmap] (read-only, 1-D, dtype meta['dtype']), one per shard of split
     ('train' or 'val'), each validated against its header and meta.json. DataError on a
@@ -188,46 +361,8 @@ def load_token_bytes(data_dir):
     return tb
 
 
-def _encoding_from_json(tok):
-    ranks = {base64.b64decode(b): i for i, b in enumerate(tok["ranks"])}
-    return tiktoken.Encoding(name=f"bov-{tok['kind']}-{tok['vocab_size']}", pat_str=tok["pattern"],
-                             mergeable_ranks=ranks, special_tokens={tok["bos"]: tok["bos_id"]},
-                             explicit_n_vocab=tok["vocab_size"])
-
-
-def _shard_problem(path, dtype, expected_tokens, bos_id):
-    """Return None if the shard at path is valid, else a short description of what is wrong."""
-    if not os.path.exists(path):
-        return "is missing"
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        head = f.read(HEADER_BYTES)
-    if len(head) < HEADER_BYTES:
-        return f"is truncated ({size} bytes, shorter than its header)"
-    magic, version, itemsize, count = HEADER.unpack(head)
-    if magic != MAGIC:
-        return "is corrupt (not a bov token shard)"
-    if version != FORMAT:
-        return f"has format version {version}, expected {FORMAT}"
-    if itemsize != dtype.itemsize or count != expected_tokens:
-        return (f"is corrupt (header says {count} tokens of {itemsize} bytes, "
-                f"meta says {expected_tokens} of {dtype.itemsize})")
-    if size != HEADER_BYTES + count * itemsize:
-        return f"is truncated ({size} bytes, expected {HEADER_BYTES + count * itemsize})"
-    if count and np.fromfile(path, dtype=dtype.newbyteorder("<"), count=1, offset=HEADER_BYTES)[0] != bos_id:
-        return "is corrupt (does not start with the bos token)"
-    return None
-
-
-def _open_shard(path, dtype, expected_tokens, bos_id):
-    problem = _shard_problem(path, dtype, expected_tokens, bos_id)
-    if problem:
-        raise DataError(f"{path} {problem}; re-run prepare_data.py with the same arguments to rebuild it")
-    return np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r", offset=HEADER_BYTES, shape=(expected_tokens,))
-
-
 # -----------------------------------------------------------------------------
-# sources: a source is a deterministic stream of rows (row index, document text)
+# network checks (also used by eval.py)
 
 def reachable(host, port, timeout=3.0):
     """True if a TCP connection to host:port opens within timeout seconds (DNS included)."""
@@ -245,6 +380,11 @@ def reachable(host, port, timeout=3.0):
     return bool(ok)
 
 
+def _host_port(u):
+    """(host, port) of a urlsplit result, the port defaulting to its scheme's (ValueError: not a number)."""
+    return u.hostname, u.port or (443 if u.scheme == "https" else 80)
+
+
 def connect_target(url):
     """(host, port) that a request for url connects to: the proxy the environment names for its
     scheme (urllib, requests and the hub client all honour $https_proxy / $http_proxy), else its own host."""
@@ -253,10 +393,10 @@ def connect_target(url):
     if proxy and not urllib.request.proxy_bypass(u.hostname):
         p = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
         try:
-            return p.hostname, p.port or (443 if p.scheme == "https" else 80)
+            return _host_port(p)
         except ValueError:  # a port that is not a number
             raise DataError(f"the {u.scheme} proxy {proxy!r} set in the environment is not a host:port URL")
-    return u.hostname, u.port or (443 if u.scheme == "https" else 80)
+    return _host_port(u)
 
 
 def url_reachable(url, timeout=3.0):
@@ -266,10 +406,11 @@ def url_reachable(url, timeout=3.0):
 
 def connection_text(url):
     """'host:port', or 'host:port via proxy p:q' when a request goes through a proxy (for messages)."""
-    u = urllib.parse.urlsplit(url)
-    direct = f"{u.hostname}:{u.port or (443 if u.scheme == 'https' else 80)}"
-    host, port = connect_target(url)
-    return direct if f"{host}:{port}" == direct else f"{direct} via proxy {host}:{port}"
+    host, port = _host_port(urllib.parse.urlsplit(url))
+    target_host, target_port = connect_target(url)
+    if (target_host, target_port) == (host, port):
+        return f"{host}:{port}"
+    return f"{host}:{port} via proxy {target_host}:{target_port}"
 
 
 def _check_hub():
@@ -289,10 +430,13 @@ def _check_hub():
         raise DataError(f"the Hugging Face hub ({connection_text(endpoint)}) is unreachable; {OFFLINE_HINT}")
 
 
-def _clean_play(text):
-    """Drop Markdown artifacts that carry no text: trailing hard-break spaces and backslash escapes."""
-    text = re.sub(r"[ \t]+$", "", text, flags=re.M)
-    return re.sub(r"\\([!-/:-@[-`{-~])", r"\1", text)  # a backslash before ASCII punctuation
+# -----------------------------------------------------------------------------
+# sources: a source is a deterministic stream of rows (row index, document text)
+
+def _first_line(e):
+    """The first line of an exception's message (libraries' messages run to many lines), or ''."""
+    lines = str(e).splitlines()
+    return lines[0] if lines else ""
 
 
 def not_utf8(path, err):
@@ -311,6 +455,12 @@ def not_utf8(path, err):
         else:
             pos -= len(dec.getstate()[0])  # the file ends inside a character
     return f"{path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset {pos})"
+
+
+def _clean_play(text):
+    """Drop Markdown artifacts that carry no text: trailing hard-break spaces and backslash escapes."""
+    text = re.sub(r"[ \t]+$", "", text, flags=re.M)
+    return re.sub(r"\\([!-/:-@[-`{-~])", r"\1", text)  # a backslash before ASCII punctuation
 
 
 def shakespeare_plays():
@@ -334,43 +484,56 @@ def shakespeare_plays():
     return plays
 
 
+def source_kind(spec):
+    """'shakespeare', 'climbmix', 'hf' or 'files': the kind of a --source value (DataError if none)."""
+    name, colon, _ = spec.partition(":")
+    if (name in ("shakespeare", "climbmix") and not colon) or (name in ("hf", "files") and colon):
+        return name
+    raise DataError(f"unknown --source {spec!r}; use shakespeare, climbmix, hf:NAME[:CONFIG] or files:GLOB")
+
+
 class Source:
-    """The rows of one source (spec checked by resolve_config). is_val_candidate(i) says which
-    rows may go to val; val takes the candidates from the start until it has val_tokens (None:
-    all of them), train gets the rest. The tokenizer trains only on rows that are never val
-    candidates. Resuming re-reads a stream from its start and skips the rows already done."""
+    """The rows of one source (spec: a --source value). is_val_candidate(i) says which rows may go
+    to val; val takes the candidates from the start until it has val_tokens (None: all of them),
+    train gets the rest. The tokenizer trains only on rows that are never val candidates. Resuming
+    re-reads a stream from its start and skips the rows already done. A new kind of source needs
+    a branch in __init__ and in rows(), and its defaults in SOURCE_DEFAULTS."""
 
     def __init__(self, spec, column, hf_split):
         self.spec, self.column, self.hf_split = spec, column, hf_split
-        if spec == "shakespeare":
+        self.kind = source_kind(spec)
+        if self.kind == "shakespeare":
             self.plays = shakespeare_plays()
-        elif spec == "climbmix" or spec.startswith("hf:"):
-            name = CLIMBMIX if spec == "climbmix" else spec[3:]
+        elif self.kind in ("climbmix", "hf"):
+            name = CLIMBMIX if spec == "climbmix" else spec[len("hf:"):]
             self.hf_name, _, self.hf_config = name.partition(":")
             if not self.hf_name:
                 raise DataError("--source=hf:NAME needs a dataset name, e.g. hf:roneneldan/TinyStories")
             _check_hub()
         else:  # files:GLOB
-            self.paths = sorted(p for p in glob.glob(os.path.expanduser(spec[6:]), recursive=True) if os.path.isfile(p))
+            pattern = os.path.expanduser(spec[len("files:"):])
+            self.paths = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
             if not self.paths:
-                raise DataError(f"no files match {spec[6:]!r}")
+                raise DataError(f"no files match {spec[len('files:'):]!r}")
             bad = [p for p in self.paths if not p.endswith((".txt", ".md", ".jsonl", ".parquet"))]
             if bad:
                 raise DataError(f"{bad[0]}: unsupported file type (use .txt/.md, .jsonl or .parquet)")
         # what a resume must find unchanged: row indices (and so the val/train split) depend on it
-        self.fingerprint = [[p, os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in self.paths] \
-            if spec.startswith("files:") else None
+        self.fingerprint = None
+        if self.kind == "files":
+            self.fingerprint = [[p, os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in self.paths]
 
     def is_val_candidate(self, i):
-        if self.spec == "shakespeare":
+        """The val/train split: whether row i may go to val (see the class docstring)."""
+        if self.kind == "shakespeare":
             return self.plays[i][0] in VAL_PLAYS
         return i % 2 == 0  # streams: every other document, until val is full
 
     def rows(self, start=0):
         """Yield (row index, text) from row start on; empty documents are skipped."""
-        if self.spec == "shakespeare":
+        if self.kind == "shakespeare":
             texts = (text for _, text in self.plays)
-        elif self.spec.startswith("files:"):
+        elif self.kind == "files":
             texts = self._file_texts()
         else:
             texts = self._hub_texts()
@@ -421,7 +584,7 @@ class Source:
             try:
                 pf = pq.ParquetFile(path)
             except ValueError as e:  # pyarrow.ArrowInvalid: not a parquet file
-                raise DataError(f"{path} is not a readable parquet file ({str(e).splitlines()[0]})") from None
+                raise DataError(f"{path} is not a readable parquet file ({_first_line(e)})") from None
             if self.column not in pf.schema_arrow.names:
                 raise DataError(f"{path}: no column {self.column!r} (has {pf.schema_arrow.names}; set --column)")
             for batch in pf.iter_batches(columns=[self.column], batch_size=1024):
@@ -432,7 +595,7 @@ class Source:
         try:
             ds = load_dataset(self.hf_name, self.hf_config or None, split=self.hf_split, streaming=True)
         except Exception as e:  # the hub's errors are many; all of them end the run the same way
-            raise DataError(f"cannot open {self.hf_name} on the hub: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            raise DataError(f"cannot open {self.hf_name} on the hub: {type(e).__name__}: {_first_line(e)}")
         if ds.column_names is not None and self.column not in ds.column_names:
             raise DataError(f"{self.hf_name} has no column {self.column!r} (has {ds.column_names}; set --column)")
         n = 0
@@ -441,9 +604,8 @@ class Source:
                 yield row[self.column]
                 n += 1
         except Exception as e:  # a dropped connection, a rate limit or a bad row, hours into a stream
-            why = str(e).splitlines()[0] if str(e) else ""
-            raise DataError(f"reading {self.hf_name} from the hub failed after {n:,} rows: {type(e).__name__}: {why}; "
-                            f"re-run the same command to resume") from None
+            raise DataError(f"reading {self.hf_name} from the hub failed after {n:,} rows: "
+                            f"{type(e).__name__}: {_first_line(e)}; re-run the same command to resume") from None
 
 
 # -----------------------------------------------------------------------------
@@ -470,7 +632,7 @@ def gpt2_tokenizer_json():
     except Exception as e:
         raise DataError(f"could not load tiktoken's gpt2 encoding: {type(e).__name__}: {e}")
     ranks = sorted(spec["mergeable_ranks"].items(), key=lambda kv: kv[1])
-    (bos, bos_id), = spec["special_tokens"].items()
+    [(bos, bos_id)] = spec["special_tokens"].items()
     return _tokenizer_json("gpt2", spec["pat_str"], [b for b, _ in ranks], bos, bos_id)
 
 
@@ -518,113 +680,15 @@ def train_bpe_json(source, vocab_size, max_chars):
     return _tokenizer_json("bpe", SPLIT_PATTERN, [bytes(b) for b, _ in ranks], BOS, vocab_size - 1)
 
 
-def _tokenizer_json(kind, pattern, token_bytes, bos, bos_id):
-    assert bos_id == len(token_bytes)
-    return {"kind": kind, "pattern": pattern, "bos": bos, "bos_id": bos_id, "vocab_size": bos_id + 1,
-            "ranks": [base64.b64encode(b).decode("ascii") for b in token_bytes]}
+def new_tokenizer_json(source, config):
+    """tokenizer.json content for config: tiktoken's GPT-2, or a BPE trained on source's training rows."""
+    if config["tokenizer"] == "gpt2":
+        return gpt2_tokenizer_json()
+    return train_bpe_json(source, config["vocab_size"], config["tokenizer_chars"])
 
 
 # -----------------------------------------------------------------------------
-# writing
-
-def atomic_write(path, write, tmp=None):
-    """Call write(f) on a temporary file (tmp, default path + ".tmp"), then rename it to path, so path is never half-written."""
-    tmp = tmp or path + ".tmp"
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-LOCK = ".lock"  # the file that lock_folder holds in a folder
-
-
-def lock_folder(folder, exclusive, busy):
-    """Lock `folder` until this process ends (the kernel drops the lock of a killed one): exclusive for
-    a writer (prepare_data.py in its --out_dir, train.py in its --out_dir), shared for a reader
-    (train.py on its data). DataError(busy) if another process holds it the other way. Returns the
-    open lock file, to be kept; None for a folder where no lock file can be made (read-only: nobody
-    writes there either)."""
-    path = os.path.join(folder, LOCK)
-    try:
-        f = open(path, "a")
-    except OSError:
-        try:
-            f = open(path)
-        except OSError:
-            return None
-    try:
-        fcntl.flock(f, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        raise DataError(busy) from None
-    return f
-
-
-def missing_top(path):
-    """The highest folder on the way to path that does not exist yet (the first that os.makedirs(path)
-    would make), or None when path exists."""
-    path, top = os.path.abspath(path), None
-    while not os.path.exists(path):
-        path, top = os.path.dirname(path), path
-    return top
-
-
-def remove_unused(folder, top):
-    """Undo the os.makedirs(folder) of a run that wrote nothing there but its lock file: remove the lock,
-    then folder and its parents up to top (see missing_top), each only while it is empty."""
-    if top is None:
-        return
-    folder = os.path.abspath(folder)
-    with contextlib.suppress(OSError):
-        if os.listdir(folder) == [LOCK]:
-            os.remove(os.path.join(folder, LOCK))
-        while True:
-            os.rmdir(folder)  # OSError when not empty: what is left there stays
-            if folder == top:
-                return
-            folder = os.path.dirname(folder)
-
-
-def silence_stdout():
-    """Point stdout at /dev/null once a write to it failed (its reader left, its disk is full), so that
-    Python's flush at exit does not fail, and print an error, a second time."""
-    with contextlib.suppress(OSError, ValueError):
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
-def out_dir_problem(path):
-    """None when path is a writable folder (made if missing), else why not, in a few words
-    (train.py's --out_dir and bench.py's --plot_dir, checked before any work)."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        return "is a file, not a folder"
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        return f"cannot be made: {e.strerror}"
-    return None if os.access(path, os.W_OK) else "is not writable"
-
-
-def write_json(path, obj, tmp=None):
-    """Write obj as indented JSON to path atomically."""
-    atomic_write(path, lambda f: f.write((json.dumps(obj, indent=1) + "\n").encode()), tmp)
-
-
-def write_shard(path, tokens):
-    """Write a 1-D token array as a shard: header, then the ids little-endian."""
-    tokens = tokens.astype(tokens.dtype.newbyteorder("<"), copy=False)
-
-    def write(f):
-        f.write(HEADER.pack(MAGIC, FORMAT, tokens.dtype.itemsize, len(tokens)))
-        tokens.tofile(f)
-    atomic_write(path, write)
-
+# encoding: rows -> token shards
 
 def encode_split(split, source, enc, state, out_dir, shard_tokens, budget, threads):
     """Encode the rows of split ('val' first, then 'train') into shards of about shard_tokens,
@@ -634,10 +698,14 @@ def encode_split(split, source, enc, state, out_dir, shard_tokens, budget, threa
     shards cost linear time, not quadratic. Returns (documents' UTF-8 bytes encoded, seconds)."""
     shards = state[split + "_shards"]
     start = shards[-1]["end_row"] if shards else 0
-    total, docs_done, recorded = sum(s["tokens"] for s in shards), sum(s["docs"] for s in shards), len(shards)
+    total = sum(s["tokens"] for s in shards)     # tokens in this split so far
+    docs_done = sum(s["docs"] for s in shards)  # documents in its written shards
+    recorded = len(shards)                      # shards that progress.json lists
     dtype, bos_id, val_end = np.dtype(state["dtype"]), state["bos_id"], state["val_end_row"]
 
-    def wanted(i):
+    def in_split(i):
+        """val: the val candidates (until the budget stops it); train: all other rows, and the
+        candidates past the end of val."""
         if split == "val":
             return source.is_val_candidate(i)
         return not (source.is_val_candidate(i) and i < val_end)
@@ -645,7 +713,7 @@ def encode_split(split, source, enc, state, out_dir, shard_tokens, budget, threa
     def batches(max_chars=8_000_000):
         batch, chars = [], 0
         for i, text in source.rows(start):
-            if wanted(i):
+            if in_split(i):
                 batch.append((i, text))
                 chars += len(text)
                 if chars >= max_chars:
@@ -667,26 +735,29 @@ def encode_split(split, source, enc, state, out_dir, shard_tokens, budget, threa
         docs_done += buf_docs
         buf, buf_tokens, buf_docs = [], 0, 0
 
-    t0, nbytes, last_row = time.time(), 0, None
-    done = budget is not None and total >= budget
-    with tqdm(desc=f"encode {split}", unit="tok", unit_scale=True, total=budget, initial=total) as bar:
-        for batch in ([] if done else batches()):
+    def encoded_rows(bar):
+        """(row index, text, token ids) of the split's rows from start on, encoded a batch at a time."""
+        for batch in batches():
             ids = enc.encode_ordinary_batch([text for _, text in batch], num_threads=threads)
-            for (i, text), doc in zip(batch, ids):
-                buf.append(np.array([bos_id] + doc, dtype=dtype))
-                buf_tokens += len(doc) + 1
-                buf_docs += 1
-                total += len(doc) + 1
-                nbytes += len(text.encode("utf-8"))
-                bar.update(len(doc) + 1)
-                last_row = i
-                done = budget is not None and total >= budget
-                if buf_tokens >= shard_tokens or done:
-                    flush(i + 1)
-                if done:
-                    break
+            yield from ((i, text, doc) for (i, text), doc in zip(batch, ids))
             bar.set_postfix_str(f"{docs_done + buf_docs} docs, {nbytes / 1e6 / (time.time() - t0):.1f} MB/s")
-            if done:
+
+    def budget_met():
+        return budget is not None and total >= budget
+
+    t0, nbytes, last_row = time.time(), 0, None
+    with tqdm(desc=f"encode {split}", unit="tok", unit_scale=True, total=budget, initial=total) as bar:
+        for i, text, doc in ([] if budget_met() else encoded_rows(bar)):  # a resume may find it met
+            buf.append(np.array([bos_id] + doc, dtype=dtype))
+            buf_tokens += len(doc) + 1
+            buf_docs += 1
+            total += len(doc) + 1
+            nbytes += len(text.encode("utf-8"))
+            bar.update(len(doc) + 1)
+            last_row = i
+            if buf_tokens >= shard_tokens or budget_met():
+                flush(i + 1)
+            if budget_met():
                 break
     if buf:
         flush(last_row + 1)
@@ -704,9 +775,7 @@ def resolve_config(args):
     """Check the flags against the source and fill in per-source defaults; returns the config
     dict that identifies a prepared dir (a rerun must match it)."""
     src = args.source
-    kind = src if src in ("shakespeare", "climbmix") else src.partition(":")[0]
-    if kind not in ("shakespeare", "climbmix", "hf", "files"):
-        raise DataError(f"unknown --source {src!r}; use shakespeare, climbmix, hf:NAME[:CONFIG] or files:GLOB")
+    kind = source_kind(src)
     if kind == "shakespeare":
         for flag in ("train_tokens", "val_tokens"):
             if getattr(args, flag) is not None:
@@ -723,11 +792,13 @@ def resolve_config(args):
             raise DataError("--tokenizer_chars applies to --tokenizer=bpe only")
         vocab_size = 50257
     else:
-        vocab_size = args.vocab_size or (4096 if kind == "shakespeare" else 32768)
+        vocab_size = args.vocab_size or SOURCE_DEFAULTS[kind]["vocab_size"]
         if not 257 <= vocab_size <= 2 ** 32:
             raise DataError("--vocab_size must be at least 257 (256 bytes + bos) and at most 2^32 (uint32 token ids)")
-    default_out = {"shakespeare": DEFAULT_DATA_DIR, "climbmix": "data/climbmix", "files": "data/files",
-                   "hf": "data/" + src[3:].partition(":")[0].rstrip("/").split("/")[-1]}[kind]
+    default_out = SOURCE_DEFAULTS[kind]["out_dir"]
+    if kind == "hf":  # data/<dataset name without its owner>: hf:roneneldan/TinyStories -> data/TinyStories
+        dataset = src[len("hf:"):].partition(":")[0]
+        default_out = "data/" + dataset.rstrip("/").split("/")[-1]
     config = {
         "source": src,
         "column": None if kind == "shakespeare" else (args.column or "text"),
@@ -735,9 +806,9 @@ def resolve_config(args):
         "tokenizer": args.tokenizer,
         "vocab_size": vocab_size,
         "tokenizer_chars": None if args.tokenizer == "gpt2" else (args.tokenizer_chars or 1_000_000_000),
-        "train_tokens": args.train_tokens or (2_200_000_000 if kind == "climbmix" else None),
-        "val_tokens": None if kind == "shakespeare" else (args.val_tokens or (41_900_000 if kind == "climbmix" else 1_000_000)),
-        "val_plays": list(VAL_PLAYS) if kind == "shakespeare" else None,
+        "train_tokens": args.train_tokens or SOURCE_DEFAULTS[kind]["train_tokens"],  # shakespeare: refused above
+        "val_tokens": args.val_tokens or SOURCE_DEFAULTS[kind]["val_tokens"],
+        "val_plays": list(VAL_PLAYS) if kind == "shakespeare" else None,  # a change of VAL_PLAYS is a new config
         "shard_tokens": args.shard_tokens,
     }
     return config, args.out_dir or default_out
@@ -755,7 +826,9 @@ def _remove(out_dir, patterns):
 
 def load_state(out_dir, config, force):
     """Return the saved state of out_dir (meta.json, else progress.json) if it matches config,
-    with shard lists cut at the first bad shard; None to start from scratch."""
+    with shard lists cut at the first bad shard; None to start from scratch, after deleting our
+    files there on --force or when the tokenizer files are unreadable. DataError if the state is
+    unreadable or was made with another config."""
     for name in ("meta.json", "progress.json"):
         path = os.path.join(out_dir, name)
         if os.path.exists(path):
@@ -771,8 +844,8 @@ def load_state(out_dir, config, force):
             state = json.load(f)
     except (OSError, ValueError) as e:
         raise DataError(f"{path} is unreadable ({e}); pass --force to rebuild {out_dir}")
-    if not isinstance(state, dict) or not {"format", "config", "val_shards", "train_shards"} <= set(state) \
-            or not isinstance(state["config"], dict):
+    if not (isinstance(state, dict) and {"format", "config", "val_shards", "train_shards"} <= set(state)
+            and isinstance(state["config"], dict)):
         raise DataError(f"{path} is not a prepare_data.py state file; pass --force to rebuild {out_dir}")
     if problem := _shard_lists_problem(state):
         raise DataError(f"{path} {problem}; pass --force to rebuild {out_dir}")
@@ -781,6 +854,7 @@ def load_state(out_dir, config, force):
                         f"pass --force to rebuild it")
     old = state["config"]
     if old != config:
+        # the first key that differs: config's own in order, then any that only the old config has
         diff = next(k for k in list(config) + sorted(set(old) - set(config)) if old.get(k) != config.get(k))
         raise DataError(f"{out_dir} holds data prepared with other arguments ({diff}: {old.get(diff)!r}, "
                         f"now {config.get(diff)!r}); use another --out_dir or pass --force to rebuild it")
@@ -805,6 +879,18 @@ def load_state(out_dir, config, force):
     return state
 
 
+def _meta_summary(config, state, tok):
+    """The head of meta.json: what the loading API and a reader of the folder need."""
+    return {"format": FORMAT, "source": config["source"], "tokenizer": config["tokenizer"],
+            "vocab_size": state["vocab_size"], "bos_id": state["bos_id"], "bos_token": tok["bos"],
+            "dtype": state["dtype"], "header_bytes": HEADER_BYTES,
+            "train_tokens": state["train_tokens"], "val_tokens": state["val_tokens"],
+            "train_docs": state["train_docs"], "val_docs": state["val_docs"],
+            "tokenizer_file": "tokenizer.json", "token_bytes": "token_bytes.npy",
+            "val_rule": ("whole plays: " + ", ".join(VAL_PLAYS)) if config["source"] == "shakespeare"
+            else "every other document from the start of the source until val_tokens"}
+
+
 def prepare(config, out_dir, force=False, held=None):
     """Prepare out_dir for config (see resolve_config); returns the meta dict. `held`, a dict, receives the
     open lock file ("lock") and, when this run made out_dir, what it made ("made", see missing_top)."""
@@ -819,19 +905,22 @@ def prepare(config, out_dir, force=False, held=None):
     source = tok = None
     if force:  # --force deletes nothing before the new source is found and its tokenizer made
         source = new_source()
-        tok = gpt2_tokenizer_json() if config["tokenizer"] == "gpt2" else \
-            train_bpe_json(source, config["vocab_size"], config["tokenizer_chars"])
+        tok = new_tokenizer_json(source, config)
     state = load_state(out_dir, config, force)
-    if state is not None and state["val_done"] and state["train_done"] and os.path.exists(os.path.join(out_dir, "meta.json")):
+    complete = (state is not None and state["val_done"] and state["train_done"]
+                and os.path.exists(os.path.join(out_dir, "meta.json")))
+    if complete:
         _remove(out_dir, ("progress.json",))  # left by a run killed between writing meta.json and removing it
-        print(f"{out_dir} is already prepared ({state['train_tokens']:,} train / {state['val_tokens']:,} val tokens); nothing to do")
+        print(f"{out_dir} is already prepared ({state['train_tokens']:,} train / {state['val_tokens']:,} val tokens); "
+              f"nothing to do")
         return state
     source = source or new_source()
-    if state is not None and state.get("files", source.fingerprint) != source.fingerprint:  # (older folders kept no list)
+    # (a folder begun before the file list was recorded has no "files", and is not checked)
+    if state is not None and state.get("files", source.fingerprint) != source.fingerprint:
         raise DataError(f"the files of {config['source']} changed since {out_dir} was begun; resuming would mix "
                         f"old and new rows (val documents could land in train); pass --force to rebuild it")
-    if config["tokenizer"] == "gpt2" and state is None and tok is None:
-        tok = gpt2_tokenizer_json()
+    if config["tokenizer"] == "gpt2" and state is None and tok is None:  # before the folder is made: fails
+        tok = gpt2_tokenizer_json()                                      # fast offline (a BPE trains under the lock)
     if "lock" not in held:  # a new folder, made once the source is found
         made = missing_top(out_dir)
         os.makedirs(out_dir, exist_ok=True)
@@ -843,8 +932,8 @@ def prepare(config, out_dir, force=False, held=None):
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
     if state is None:
-        if tok is None and config["tokenizer"] == "bpe":
-            tok = train_bpe_json(source, config["vocab_size"], config["tokenizer_chars"])
+        if tok is None:
+            tok = new_tokenizer_json(source, config)
         token_bytes = np.array([len(base64.b64decode(b)) for b in tok["ranks"]] + [0], dtype=np.int32)
         atomic_write(os.path.join(out_dir, "token_bytes.npy"), lambda f: np.save(f, token_bytes))
         write_json(os.path.join(out_dir, "tokenizer.json"), tok)
@@ -872,15 +961,7 @@ def prepare(config, out_dir, force=False, held=None):
         if config[split + "_tokens"] and state[split + "_tokens"] < config[split + "_tokens"]:
             print(f"note: the source ran out: {split} has {state[split + '_tokens']:,} tokens, "
                   f"not the {config[split + '_tokens']:,} asked for (see --{split}_tokens)")
-    meta = {"format": FORMAT, "source": config["source"], "tokenizer": config["tokenizer"],
-            "vocab_size": state["vocab_size"], "bos_id": state["bos_id"], "bos_token": tok["bos"],
-            "dtype": state["dtype"], "header_bytes": HEADER_BYTES,
-            "train_tokens": state["train_tokens"], "val_tokens": state["val_tokens"],
-            "train_docs": state["train_docs"], "val_docs": state["val_docs"],
-            "tokenizer_file": "tokenizer.json", "token_bytes": "token_bytes.npy",
-            "val_rule": ("whole plays: " + ", ".join(VAL_PLAYS)) if config["source"] == "shakespeare"
-            else "every other document from the start of the source until val_tokens"}
-    state = dict(meta, **state)  # the rest of the state (shard lists, config) follows the summary
+    state = dict(_meta_summary(config, state, tok), **state)  # the rest of the state (shard lists, config) follows
     write_json(os.path.join(out_dir, "meta.json"), state)
     os.remove(os.path.join(out_dir, "progress.json"))
     held.pop("made", None)  # written: nothing to undo
@@ -890,6 +971,9 @@ def prepare(config, out_dir, force=False, held=None):
           f"{state['val_tokens']:,} val tokens ({state['val_docs']:,} docs) in {time.time() - t_start:.1f}s{speed}")
     return state
 
+
+# -----------------------------------------------------------------------------
+# command line
 
 def _count(s):
     """argparse type for token/char counts: accepts 2e9, 41.9e6, 1000000."""
@@ -922,10 +1006,12 @@ documents only. Rerunning with the same arguments resumes an interrupted run or 
                    help="bpe: train a byte-level BPE (bos <|bos|> = vocab_size-1); gpt2: tiktoken's GPT-2 encoding")
     p.add_argument("--vocab_size", type=_count, help="BPE vocab incl. bos (default: 4096 for shakespeare, else 32768)")
     p.add_argument("--tokenizer_chars", type=_count, help="characters of training text to train the BPE on (default 1e9)")
-    p.add_argument("--train_tokens", type=_count, help="stop after this many train tokens (default: climbmix 2.2e9, one epoch for every 135M run; else all)")
+    p.add_argument("--train_tokens", type=_count,
+                   help="stop after this many train tokens (default: climbmix 2.2e9, one epoch for every 135M run; else all)")
     p.add_argument("--val_tokens", type=_count, help="validation tokens (default: climbmix 41.9e6, else 1e6)")
     p.add_argument("--shard_tokens", type=_count, default=100_000_000, help="tokens per shard (default 1e8)")
-    p.add_argument("--force", action="store_true", help=f"prepare out_dir from scratch, replacing the files this tool writes there ({', '.join(OUR_FILES)}); other files stay")
+    p.add_argument("--force", action="store_true", help=f"prepare out_dir from scratch, replacing the files this "
+                                                         f"tool writes there ({', '.join(OUR_FILES)}); other files stay")
     return p.parse_args(argv)
 
 

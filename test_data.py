@@ -431,6 +431,9 @@ def test_gpt2_tokenizer_offline(tmp_path, monkeypatch):
 
 def test_bad_input_is_one_line(tmp_path):
     assert "unknown --source" in prep("--source", "nope", "--out_dir", tmp_path / "a")
+    for spec in ("hf", "files", "shakespeare:x", "climbmix:en"):  # were read as files: globs ('', 'peare:x', 'ix:en')
+        assert prep("--source", spec, "--out_dir", tmp_path / "a") == (
+            f"prepare_data.py: error: unknown --source {spec!r}; use shakespeare, climbmix, hf:NAME[:CONFIG] or files:GLOB")
     assert "no files match" in prep("--source", "files:" + str(tmp_path / "none*.jsonl"), "--out_dir", tmp_path / "a")
     assert "does not apply" in prep("--val_tokens", 1000, "--out_dir", tmp_path / "a")
     with pytest.raises(pd.DataError, match="run `python prepare_data.py` first"):
