@@ -626,6 +626,13 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
     model = tiny_gpt(300, 64)
     ckpt = tmp_path / "run" / "ckpt.pt"
     model.save_checkpoint(str(ckpt), data_dir=str(data_dir))
+    # a full stdout loses nothing (the file is written first): checked below on a copy of the checkpoint in a
+    # folder of its own, in a process started now, alongside the full run (their torch imports overlap)
+    on_full_ckpt = tmp_path / "full_stdout" / "ckpt.pt"
+    model.save_checkpoint(str(on_full_ckpt), data_dir=str(data_dir))
+    with open("/dev/full", "w") as full_stdout:
+        on_full = subprocess.Popen([sys.executable, "eval.py", "--ckpt", str(on_full_ckpt), "--bundle", bundle, "--tasks", "copa",
+                                    "--max_per_task", "2"], stdout=full_stdout, stderr=subprocess.PIPE, text=True, cwd=HERE)
 
     r = run_cli("--ckpt", ckpt, "--bundle", bundle, "--batch_size", 8)
     assert r.returncode == 0, r.stderr
@@ -649,17 +656,15 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit, match=r"^eval.py: error: unknown task\(s\) nope; the tasks are jeopardy, "):
         ev.main(["--ckpt", str(ckpt), "--bundle", bundle, "--tasks", "copa,nope"])
     full = (tmp_path / "run" / "core_eval.json").read_text()
-    r = run_cli("--ckpt", ckpt, "--bundle", bundle, "--tasks", "copa", "--max_per_task", 2)  # a quick check
-    assert r.returncode == 0 and (tmp_path / "run" / "core_eval.json").read_text() == full  # the full result stays
+    ev.main(["--ckpt", str(ckpt), "--bundle", bundle, "--tasks", "copa", "--max_per_task", "2"])  # a quick check, in-process
+    assert (tmp_path / "run" / "core_eval.json").read_text() == full  # the full result stays
     assert list(json.loads((tmp_path / "run" / "core_eval_partial.json").read_text())["tasks"]) == ["copa"]
     (tmp_path / "run" / "core_eval_partial.json").unlink()
-    with open("/dev/full", "w") as full_stdout:  # a full stdout loses nothing: the file is written first
-        r = subprocess.run([sys.executable, "eval.py", "--ckpt", str(ckpt), "--bundle", bundle, "--tasks", "copa",
-                            "--max_per_task", "2"], stdout=full_stdout, stderr=subprocess.PIPE, text=True, cwd=HERE, timeout=120)
-    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == ("eval.py: could not print the table (No space left "
-                                                                       f"on device); the results are in {tmp_path / 'run' / 'core_eval_partial.json'}")
-    assert "Traceback" not in r.stderr and list(json.loads((tmp_path / "run" / "core_eval_partial.json").read_text())["tasks"]) == ["copa"]
-    (tmp_path / "run" / "core_eval_partial.json").unlink()
+    _, err = on_full.communicate(timeout=120)  # the full stdout: one line naming the file, which holds the results
+    partial = tmp_path / "full_stdout" / "core_eval_partial.json"
+    assert on_full.returncode == 1 and err.strip().splitlines()[-1] == ("eval.py: could not print the table (No space left "
+                                                                        f"on device); the results are in {partial}")
+    assert "Traceback" not in err and list(json.loads(partial.read_text())["tasks"]) == ["copa"]
     # the error paths below exit the same way in-process (SystemExit), without a second torch import each
     def refused(*args):
         capsys.readouterr()

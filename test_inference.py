@@ -290,13 +290,15 @@ def test_a_failed_compile_is_one_line(tiny, monkeypatch):
 def test_a_full_or_closed_stdout_is_one_line(tiny):
     path, _, _ = tiny
     cmd = [sys.executable, os.path.join(HERE, "sample.py"), "--ckpt", path, "--max_new_tokens", "5"]
-    with open("/dev/full", "w") as full:
-        r = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, text=True, cwd=HERE, timeout=120)
-    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == "sample.py: error: cannot write the text: No space left on device"
-    assert "Traceback" not in r.stderr
-    r = subprocess.run(cmd, stdout=None, stderr=subprocess.PIPE, text=True, cwd=HERE, timeout=120, close_fds=True,
-                       preexec_fn=lambda: os.close(1))  # `python sample.py >&-`
-    assert r.returncode == 1 and r.stderr.strip() == "sample.py: error: stdout is closed; the text has nowhere to go"
+    with open("/dev/full", "w") as full:  # both runs start at once: their torch imports overlap
+        on_full = subprocess.Popen(cmd, stdout=full, stderr=subprocess.PIPE, text=True, cwd=HERE)
+    closed = subprocess.Popen(cmd, stdout=None, stderr=subprocess.PIPE, text=True, cwd=HERE, close_fds=True,
+                              preexec_fn=lambda: os.close(1))  # `python sample.py >&-`
+    _, err = on_full.communicate(timeout=120)
+    assert on_full.returncode == 1 and err.strip().splitlines()[-1] == "sample.py: error: cannot write the text: No space left on device"
+    assert "Traceback" not in err
+    _, err = closed.communicate(timeout=120)
+    assert closed.returncode == 1 and err.strip() == "sample.py: error: stdout is closed; the text has nowhere to go"
 
 
 @pytest.mark.parametrize("case", ["tokenizer", "prompt_file", "not_a_checkpoint"])
@@ -495,6 +497,11 @@ def test_bench_plots_and_metrics(tmp_path, capsys, monkeypatch):
         {"type": "train", "step": 5, "tokens": 100, "loss": 2.0},
         {"type": "eval", "step": 10, "tokens": 200, "val_bpb": 2.5, "coefficients": {"4": {"gamma_v": 2.5}, "5": {"gamma_v": 7.0}}},
     ]) + "\n")
+    # a full disk for stdout is one line: checked below, in a process started now (its torch and matplotlib
+    # imports overlap the in-process plots), with a --plot_dir of its own
+    with open("/dev/full", "w") as full:
+        on_full = subprocess.Popen([sys.executable, "bench.py", "--plot", "--json", "--plot_dir", str(tmp_path / "plots_full"),
+                                    str(metrics)], cwd=HERE, stdout=full, stderr=subprocess.PIPE, text=True)
     assert bench.read_metrics(str(metrics)) == [(0, 3.0), (200, 2.5)]
     bench.fig5a(str(tmp_path / "fig5a.png"))
     bench.val_curves([str(metrics)], str(tmp_path / "val.png"))
@@ -506,10 +513,8 @@ def test_bench_plots_and_metrics(tmp_path, capsys, monkeypatch):
     assert capsys.readouterr().out == ""
     bench.main(["--plot", "--json", "--plot_dir", str(out), str(metrics)])  # --json: the plots' paths on stdout
     assert json.loads(capsys.readouterr().out) == {"plots": [str(out / n) for n in ("fig5a.png", "val_curves.png", "coefficients.png")]}
-    with open("/dev/full", "w") as full:  # a full disk for stdout is one line
-        r = subprocess.run([sys.executable, "bench.py", "--plot", "--json", "--plot_dir", str(out), str(metrics)], cwd=HERE,
-                           stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
-    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == "bench.py: error: cannot write the results: No space left on device"
+    _, err = on_full.communicate(timeout=120)  # a full disk for stdout is one line
+    assert on_full.returncode == 1 and err.strip().splitlines()[-1] == "bench.py: error: cannot write the results: No space left on device"
     baseline = tmp_path / "baseline" / "metrics.jsonl"
     baseline.parent.mkdir()
     baseline.write_text(json.dumps({"type": "eval", "step": 0, "tokens": 0, "val_bpb": 3.1, "coefficients": {}}) + "\n")

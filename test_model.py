@@ -592,6 +592,11 @@ def test_the_scripts_start_without_importing_torch_dynamo():
 def test_the_preset_listing_and_a_reader_that_leaves(monkeypatch, capsys):
     """`python model.py` lists every variant; piped into a reader that has gone (`| head`), it stops quietly."""
     cmd, here = [sys.executable, "model.py", "--size", "cpu"], os.path.dirname(os.path.abspath(__file__))
+    # The two command-line runs (checked at the end) start first: their torch imports overlap the in-process part.
+    p = subprocess.Popen(cmd, cwd=here, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.close()  # the reader leaves before anything is written
+    with open("/dev/full", "w") as full:  # a full disk is one line
+        on_full = subprocess.Popen(cmd, cwd=here, stdout=full, stderr=subprocess.PIPE, text=True)
     monkeypatch.setattr(sys, "argv", cmd[1:])
     runpy.run_path(os.path.join(here, "model.py"), run_name="__main__")  # in-process: one torch import fewer
     out, err = capsys.readouterr()
@@ -603,10 +608,7 @@ def test_the_preset_listing_and_a_reader_that_leaves(monkeypatch, capsys):
         with pytest.raises(SystemExit) as e:
             runpy.run_path(os.path.join(here, "model.py"), run_name="__main__")
     assert e.value.code == 130 and capsys.readouterr() == ("", "model.py: interrupted\n")
-    p = subprocess.Popen(cmd, cwd=here, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    p.stdout.close()  # the reader leaves before anything is written
     err = p.stderr.read()
     assert p.wait(timeout=120) == 0 and err == ""
-    with open("/dev/full", "w") as full:  # a full disk is one line
-        r = subprocess.run(cmd, cwd=here, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
-    assert r.returncode == 1 and r.stderr == "model.py: error: cannot write the listing: No space left on device\n"
+    _, err = on_full.communicate(timeout=120)
+    assert on_full.returncode == 1 and err == "model.py: error: cannot write the listing: No space left on device\n"

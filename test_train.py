@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -43,8 +44,17 @@ def data_dir(tmp_path_factory):
     return str(out)
 
 
-def run_train(args, **kw):
-    return subprocess.run([sys.executable, "train.py", *args], cwd=HERE, capture_output=True, text=True, timeout=300, **kw)
+def start_train(args, **kw):
+    """`python train.py ARGS`, started now and collected with finish(): a test starts its runs early, so that
+    their torch imports overlap each other and the test's in-process work."""
+    return subprocess.Popen([sys.executable, "train.py", *args], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **kw)
+
+
+def finish(p, timeout=300):
+    """The CompletedProcess of a process from start_train (or any Popen with text pipes)."""
+    out, err = p.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 def records(out_dir, kind):
@@ -265,17 +275,26 @@ def test_training_lowers_the_loss_and_logs_coefficients(data_dir, tmp_path, caps
 def test_resume_after_sigkill_is_bit_exact(data_dir, tmp_path, capsys):
     args = [*TINY, f"--data_dir={data_dir}", "--max_iters=60", "--eval_interval=2"]
     full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
-    train.main([*args, f"--out_dir={full}"])
-    logged = lambda out: dict(re.findall(r"^step (\d+)/60 \| loss ([\d.]+)", out, re.M))  # step -> smoothed loss
-    full_log = logged(capsys.readouterr().out)
+    # The run to be killed starts first, and a thread kills it at its first checkpoint, while the uninterrupted
+    # run trains here: its torch import and the run below overlap (the kill comes as soon as before).
     proc = subprocess.Popen([sys.executable, "train.py", *args, f"--out_dir={cut}"], cwd=HERE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ckpt = os.path.join(cut, "ckpt.pt")
-    deadline = time.time() + 120
-    while not os.path.exists(ckpt) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+
+    def kill_at_the_first_checkpoint():
+        deadline = time.time() + 120
+        while not os.path.exists(ckpt) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    killer = threading.Thread(target=kill_at_the_first_checkpoint, daemon=True)
+    killer.start()
+    try:
+        train.main([*args, f"--out_dir={full}"])
+    finally:
+        killer.join()
+    logged = lambda out: dict(re.findall(r"^step (\d+)/60 \| loss ([\d.]+)", out, re.M))  # step -> smoothed loss
+    full_log = logged(capsys.readouterr().out)
     killed_at = torch.load(ckpt, weights_only=True)["step"]
     assert killed_at < 60, "the run finished before it could be killed"
     capsys.readouterr()
@@ -295,12 +314,18 @@ def test_resume_after_sigkill_is_bit_exact(data_dir, tmp_path, capsys):
 def test_two_gloo_ranks_match_one_process(data_dir, tmp_path, capsys):
     args = [*TINY, f"--data_dir={data_dir}", "--max_iters=6", "--eval_interval=3", "--total_batch_tokens=256"]
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    train.main([*args, f"--out_dir={one}"])
-    assert "4 x 32 tokens x 2 accumulation x 1 ranks" in capsys.readouterr().out
-    # its own process group, so that a hung rank can be killed with torchrun
+    # its own process group, so that a hung rank can be killed with torchrun; started first, so that its
+    # three torch imports overlap the one-process run here
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                              "train.py", *args, f"--out_dir={two}"], cwd=HERE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        train.main([*args, f"--out_dir={one}"])
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    assert "4 x 32 tokens x 2 accumulation x 1 ranks" in capsys.readouterr().out
     try:
         stdout, stderr = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -356,6 +381,13 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     train.main(base)
     ckpt = os.path.join(out, "ckpt.pt")
     before = open(ckpt, "rb").read()
+    # on the command line a damaged checkpoint is one line on stderr, no traceback: checked on a copy of the
+    # run with the checkpoint truncated, started now so that its torch import overlaps the checks below
+    cli_out = tmp_path / "cli_run"
+    shutil.copytree(out, cli_out)
+    (cli_out / "ckpt.pt").write_bytes(before[:len(before) // 2])
+    cli_base = [*base[:-2], f"--out_dir={cli_out}", "--max_iters=2", "--resume"]
+    cli = start_train(cli_base)
     assert "pass --resume" in error(base)                                   # never overwrite a run
     assert "different model" in error([*base, "--resume", "--n_layer=3"])   # another config
     assert error([*base, "--resume", "--seed=4"]).endswith("other settings (seed=3 there, 4 here); use the same ones")
@@ -365,9 +397,6 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     assert open(ckpt, "rb").read() == before
     open(ckpt, "wb").write(before[:len(before) // 2])                       # truncated
     assert "truncated or not a checkpoint" in error([*base, "--resume"])
-    # and on the command line it is one line on stderr, no traceback
-    r = run_train([*base, "--resume"])
-    assert r.returncode == 1 and r.stderr.strip().splitlines() == [f"error: {error([*base, '--resume'])}"]
     open(ckpt, "wb").write(before)
     damaged = torch.load(ckpt, weights_only=True)
     del damaged["model"]["wte.weight"]
@@ -408,10 +437,23 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     torch.save(rebuilt, ckpt)
     assert f"the tokenizer in {data_dir} is not the one {ckpt} was trained with" in error(
         [*base[:-1], "--resume", "--max_iters=2"])
+    r = finish(cli)  # the truncated copy, on the command line: the one line of the in-process error
+    expected = error(cli_base)
+    assert "truncated or not a checkpoint" in expected
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [f"error: {expected}"]
 
 
 def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path, monkeypatch):
     base = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", "--max_iters=2"]
+    # The three command-line runs below start now, together, each with its own --out_dir: their torch imports
+    # (and the failing compile) overlap each other and the in-process checks; each is collected where it was run.
+    bundle_out = tmp_path / "bundle_first"
+    no_bundle = start_train([*base, f"--out_dir={bundle_out}", "--core_eval", f"--eval_bundle={tmp_path / 'nowhere'}"])
+    huge = start_train([*base, f"--out_dir={tmp_path / 'huge'}", "--device_batch_size=1099511627776",
+                        "--total_batch_tokens=35184372088832", "--max_iters=1"])
+    no_compiler = {**os.environ, "CXX": "/nonexistent/g++", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # no cache hit
+    compiled = start_train([*base, f"--out_dir={tmp_path / 'compiled'}", "--compile=true", "--n_layer=1"],  # one layer:
+                           env=no_compiler)  # the same failure at the first compiled step, with less to trace first
 
     def error(args):
         with pytest.raises(train.ConfigError) as e:
@@ -453,10 +495,10 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path, monkeypat
     config.write_text("target_flops = 1e18\ncompile = False\n")
     s, _ = train.resolve_settings([str(config), "--max_iters=5"])
     assert (s["max_iters"], s["target_flops"], s["compile"]) == (5, 0.0, "false")
-    r = run_train([*base, "--core_eval", f"--eval_bundle={tmp_path / 'nowhere'}"])  # the bundle before training
+    r = finish(no_bundle)  # the bundle before training
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
         f"error: --eval_bundle: no folder {tmp_path / 'nowhere'}; expected an unzipped eval_bundle (eval_meta_data.csv and eval_data/)"]
-    assert "step 1/" not in r.stdout and not (tmp_path / "run" / "ckpt.pt").exists()
+    assert "step 1/" not in r.stdout and not (bundle_out / "ckpt.pt").exists()
     from eval import EvalError
     from test_eval import closed_port_url  # no bundle and no network: the hint names train.py's own setting
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -470,16 +512,14 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path, monkeypat
         train.main([*base, "--core_eval", f"--eval_bundle={partial}"])
     assert not (tmp_path / "run" / "ckpt.pt").exists()
     # a batch no machine holds (2^40 rows: more than any address space, so no overcommit lets it through)
-    r = run_train([*base, f"--out_dir={tmp_path / 'huge'}", "--device_batch_size=1099511627776",
-                   "--total_batch_tokens=35184372088832", "--max_iters=1"])
+    r = finish(huge)
     assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert r.stderr.startswith("error: out of memory (") and "lower --device_batch_size" in r.stderr
     assert "--total_batch_tokens (a step's rows are read at once)" in r.stderr
     with pytest.raises(ValueError, match="Maximum allowed dimension exceeded") as e:  # past numpy's sizes: out of memory too
         train.main([*base, f"--out_dir={tmp_path / 'huge2'}", "--total_batch_tokens=1e30", "--max_iters=1"])
     assert train.out_of_memory(e.value)
-    no_compiler = {**os.environ, "CXX": "/nonexistent/g++", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # no cache hit
-    r = run_train([*base, f"--out_dir={tmp_path / 'compiled'}", "--compile=true"], env=no_compiler)
+    r = finish(compiled)
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
         "error: torch.compile failed (InvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx: "
         "(None, '/nonexistent/g++')); run with --compile=false"]
@@ -488,36 +528,47 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path, monkeypat
 
 
 def test_help_and_ctrl_c_are_not_tracebacks(data_dir, tmp_path):
-    r = run_train(["--help"])
-    assert r.returncode == 0 and "--matrix_lr=0.02" in r.stdout and "Settings resolve in this order" in r.stdout
-    assert "\n  cpu: target_flops=1.15e+13, total_batch_tokens=4096," in r.stdout  # what the default size changes
-    assert "Variants (--variant): baseline, bov, t1_r01," in r.stdout
-    p = subprocess.Popen([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}",
-                          "--max_iters=100000", "--eval_interval=100000"], cwd=HERE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    for line in p.stdout:
-        if line.startswith("step 3/"):
-            break
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=60)
-    assert p.returncode == 130 and "Traceback" not in err
-    assert err.strip().splitlines() == ["interrupted; no checkpoint was written yet (the first comes at step 100000)"]
-    assert not (tmp_path / "run").exists()  # nothing was saved: no folder, no empty metrics.jsonl for --plot to trip on
-    p = subprocess.Popen([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run2'}",
-                          "--max_iters=100000", "--eval_interval=2"], cwd=HERE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    for line in p.stdout:
-        if line.startswith("step 3/"):  # after the checkpoint of step 2
-            break
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=60)
-    ckpt = tmp_path / "run2" / "ckpt.pt"
-    assert p.returncode == 130 and err.strip().splitlines() == [f"interrupted; {ckpt}, from the last evaluation, continues with --resume"]
+    # --help and both runs start together (their torch imports overlap); a thread per run sends its Ctrl-C
+    # once the run logs step 3, as soon as it would alone
+    help_ = start_train(["--help"])
+    runs = [start_train([*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / name}", "--max_iters=100000",
+                         f"--eval_interval={interval}"]) for name, interval in (("run", 100000), ("run2", 2))]
+
+    def ctrl_c_at_step_3(p):
+        for line in p.stdout:
+            if line.startswith("step 3/"):  # in run2, after the checkpoint of step 2
+                break
+        p.send_signal(signal.SIGINT)
+    threads = [threading.Thread(target=ctrl_c_at_step_3, args=(p,), daemon=True) for p in runs]
+    for t in threads:
+        t.start()
+    try:
+        r = finish(help_)
+        assert r.returncode == 0 and "--matrix_lr=0.02" in r.stdout and "Settings resolve in this order" in r.stdout
+        assert "\n  cpu: target_flops=1.15e+13, total_batch_tokens=4096," in r.stdout  # what the default size changes
+        assert "Variants (--variant): baseline, bov, t1_r01," in r.stdout
+        for t in threads:
+            t.join(timeout=120)
+        (_, err), p = runs[0].communicate(timeout=60), runs[0]
+        assert p.returncode == 130 and "Traceback" not in err
+        assert err.strip().splitlines() == ["interrupted; no checkpoint was written yet (the first comes at step 100000)"]
+        assert not (tmp_path / "run").exists()  # nothing was saved: no folder, no empty metrics.jsonl for --plot to trip on
+        (_, err), p = runs[1].communicate(timeout=60), runs[1]
+        ckpt = tmp_path / "run2" / "ckpt.pt"
+        assert p.returncode == 130 and err.strip().splitlines() == [f"interrupted; {ckpt}, from the last evaluation, continues with --resume"]
+    finally:
+        for p in runs:  # a failed check leaves no run of 100000 steps behind
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
 
 
 def test_a_closed_stdout_stops_the_run_in_one_line(data_dir, tmp_path):
     """`python train.py | head`: the log reaches the reader line by line, and when the reader leaves the run
     stops with one line saying what was kept, not a BrokenPipeError traceback."""
+    # `python train.py >&-` (checked at the end) starts first: its torch import overlaps the run below
+    no_stdout = subprocess.Popen([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", "--dry_run"], cwd=HERE,
+                                 stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(1))  # `>&-`
     p = subprocess.Popen([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}",
                           "--max_iters=100000", "--eval_interval=2"], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"})  # as in a user's shell
@@ -533,8 +584,7 @@ def test_a_closed_stdout_stops_the_run_in_one_line(data_dir, tmp_path):
     ckpt = tmp_path / "run" / "ckpt.pt"
     assert p.returncode == 1, err
     assert err.decode().strip().splitlines() == [f"stopped: the reader of stdout left; {ckpt}, from the last evaluation, continues with --resume"]
-    r = subprocess.run([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", "--dry_run"], cwd=HERE, capture_output=False,
-                       stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=lambda: os.close(1))  # `>&-`
+    r = finish(no_stdout, timeout=120)
     assert r.returncode == 0 and r.stderr == ""
 
 
@@ -753,7 +803,7 @@ def test_a_real_run_past_one_epoch_warns_and_logs_the_debiased_loss(data_dir, tm
     T4 (the logged loss not debiased: 0.1 x the loss at step 1)."""
     meta = load_meta(data_dir)
     epoch_tokens = train.Batches(load_tokens(data_dir, "train"), meta["bos_id"], 32, 3).rows_per_epoch() * 32
-    iters = 3 * epoch_tokens // 2 // 128 + 1  # 1.5 epochs at TINY's 128 tokens a step
+    iters = epoch_tokens // 128 + 4  # just past one epoch (1.03) at TINY's 128 tokens a step: into epoch 2, short of 2 epochs
     out = str(tmp_path / "run")
     train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", f"--max_iters={iters}", "--eval_interval=100000"])
     stdout = capsys.readouterr().out
