@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+import eval as ev
 import train
 from model import GPT, GPTConfig
 from prepare_data import load_meta, load_tokens
@@ -312,12 +313,16 @@ def test_resume_after_sigkill_is_bit_exact(data_dir, tmp_path, capsys):
 
 
 def test_two_gloo_ranks_match_one_process(data_dir, tmp_path, capsys):
+    """Two ranks train as one process does; with --core_eval, rank 0 evaluates CORE once the ranks have left together."""
+    from test_eval import fixture_items, write_bundle
+    bundle = write_bundle(tmp_path / "b", {label: fixture_items(label, 3) for label in ev.TASKS})
     args = [*TINY, f"--data_dir={data_dir}", "--max_iters=6", "--eval_interval=3", "--total_batch_tokens=256"]
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     # its own process group, so that a hung rank can be killed with torchrun; started first, so that its
     # three torch imports overlap the one-process run here
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             "train.py", *args, f"--out_dir={two}"], cwd=HERE, stdout=subprocess.PIPE,
+                             "train.py", *args, f"--out_dir={two}", "--core_eval", f"--eval_bundle={bundle}"],
+                            cwd=HERE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         train.main([*args, f"--out_dir={one}"])
@@ -338,6 +343,8 @@ def test_two_gloo_ranks_match_one_process(data_dir, tmp_path, capsys):
     assert len(l1) == len(l2) == 6
     np.testing.assert_allclose(l1, l2, rtol=1e-5)
     np.testing.assert_allclose(records(one, "eval")[-1]["val_loss"], records(two, "eval")[-1]["val_loss"], rtol=1e-5)
+    core = json.loads((tmp_path / "two" / "core_eval.json").read_text())
+    assert len(core["tasks"]) == 21 and core["ckpt"] == os.path.join(two, "ckpt.pt") and stdout.count("CORE ") == 1
 
 
 # ---------------------------------------------------------------------------- bad input
