@@ -8,3 +8,35 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the scripts the te
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+import subprocess  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+def finish(p, timeout=300):
+    """The CompletedProcess of a Popen started with text pipes; past timeout it is killed and the test fails."""
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        pytest.fail(f"{subprocess.list2cmdline(map(str, p.args))[:200]} did not finish in {timeout} s")
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+@pytest.fixture(autouse=True)
+def kill_leftover_processes(monkeypatch):
+    """A test that starts a script early and fails a check before collecting it leaves nothing running."""
+    started = []
+
+    class Tracked(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+    monkeypatch.setattr(subprocess, "Popen", Tracked)
+    yield
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

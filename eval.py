@@ -153,7 +153,7 @@ def is_http_url(url):
 def download_bundle(url, dest, flag="--bundle"):
     """Download the zip and unpack it into dest. Both steps happen beside dest and end in one
     rename, so dest is either the whole bundle or absent."""
-    if not url_reachable(url):
+    if not url_reachable(url, timeout=5.0):
         raise EvalError(f"the CORE eval bundle is not in {dest} and {connection_text(url)} "
                         f"is unreachable; download {url} elsewhere, unzip it and pass {flag} path/to/eval_bundle")
     parent = os.path.dirname(dest)

@@ -341,7 +341,8 @@ class Attention(nn.Module):
         return (self.alpha_v, self.beta_v) if self.coeff == "learned" else (0.5, 0.5)
 
     def value(self, x, ctx):
-        """Value vectors (B, T, H, D) of this pass's tokens: eq. 1, or the paper's Section 3 grid."""
+        """Value vectors (B, T, H, D) of this pass's tokens: eq. 1, or the paper's Section 3 grid.
+        Layer 0 also leaves its V in ctx.v1, for the target layers of the V1 variants."""
         B, T, C = x.shape
         heads = lambda t: t.view(B, T, self.n_head, self.head_dim)  # (B, T, C) -> (B, T, H, D)
         if not self.target:
@@ -682,9 +683,8 @@ class GPT(nn.Module):
         every 2-D block matrix, with decoupled weight decay; AdamW (no weight decay) on the token
         embedding, the lm_head, the value tables and the scalar coefficients. Muon's momentum 0.95
         (Nesterov) and AdamW's betas 0.8/0.95 and eps 1e-10 are not in the paper (README, "Differences").
-        As in nanochat, the AdamW rates of the
-        embedding, lm_head and tables are scaled by (n_embd/768)^-0.5. Returns [muon, adamw]; every
-        group has an "initial_lr" for the schedule."""
+        As in nanochat, the AdamW rates of the embedding, lm_head and tables are scaled by
+        (n_embd/768)^-0.5. Returns [muon, adamw]; every group has an "initial_lr" for the schedule."""
         scale = (self.config.n_embd / 768) ** -0.5
         matrices = [p for p in self.blocks.parameters() if p.dim() == 2]
         scalars = [p for p in self.blocks.parameters() if p.dim() < 2]

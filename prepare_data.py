@@ -16,7 +16,7 @@ Every document starts with the bos token. Output files in the data dir:
 
 Reading the file top to bottom: shared file helpers, the files' format, the loading API, network
 checks, sources, tokenizers, encoding, prepare() (the main flow), the command line. To add a source,
-see Source and resolve_config; the val/train split is Source.is_val_candidate.
+see source_kind, Source and resolve_config; the val/train split is Source.is_val_candidate.
 
 The loading API (load_meta, load_tokenizer, tokenizer_sha256, load_tokens, load_token_bytes) is what
 train.py and sample.py use; train.py, bench.py and eval.py also use the file and network helpers.
@@ -497,7 +497,7 @@ class Source:
     to val; val takes the candidates from the start until it has val_tokens (None: all of them),
     train gets the rest. The tokenizer trains only on rows that are never val candidates. Resuming
     re-reads a stream from its start and skips the rows already done. A new kind of source needs
-    a branch in __init__ and in rows(), and its defaults in SOURCE_DEFAULTS."""
+    its name in source_kind, a branch in __init__ and in rows(), and its defaults in SOURCE_DEFAULTS."""
 
     def __init__(self, spec, column, hf_split):
         self.spec, self.column, self.hf_split = spec, column, hf_split
@@ -759,6 +759,7 @@ def encode_split(split, source, enc, state, out_dir, shard_tokens, budget, threa
                 flush(i + 1)
             if budget_met():
                 break
+        bar.set_postfix_str(f"{docs_done + buf_docs} docs, {nbytes / 1e6 / (time.time() - t0):.1f} MB/s")  # a budget stops mid-batch
     if buf:
         flush(last_row + 1)
     state[split + "_done"] = True

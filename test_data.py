@@ -359,7 +359,8 @@ def closed_port():
 @pytest.mark.parametrize("source,offline", [("climbmix", "dead endpoint"), ("hf:roneneldan/TinyStories", "HF_HUB_OFFLINE")])
 def test_hub_offline_cli(tmp_path, source, offline):
     """The real CLI, as a user runs it: one line on stderr, no traceback, no output dir."""
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_ENDPOINT", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_ENDPOINT", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+           and not k.lower().endswith("_proxy")}  # a proxy would answer for the dead endpoint
     if offline == "dead endpoint":
         env["HF_ENDPOINT"] = f"http://127.0.0.1:{closed_port()}"
     else:

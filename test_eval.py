@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import eval as ev
+from conftest import finish
 import prepare_data as pd
 from model import GPT, GPTConfig
 
@@ -660,11 +661,11 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "run" / "core_eval.json").read_text() == full  # the full result stays
     assert list(json.loads((tmp_path / "run" / "core_eval_partial.json").read_text())["tasks"]) == ["copa"]
     (tmp_path / "run" / "core_eval_partial.json").unlink()
-    _, err = on_full.communicate(timeout=120)  # the full stdout: one line naming the file, which holds the results
+    r = finish(on_full, 120)  # the full stdout: one line naming the file, which holds the results
     partial = tmp_path / "full_stdout" / "core_eval_partial.json"
-    assert on_full.returncode == 1 and err.strip().splitlines()[-1] == ("eval.py: could not print the table (No space left "
-                                                                        f"on device); the results are in {partial}")
-    assert "Traceback" not in err and list(json.loads(partial.read_text())["tasks"]) == ["copa"]
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == ("eval.py: could not print the table (No space left "
+                                                                      f"on device); the results are in {partial}")
+    assert "Traceback" not in r.stderr and list(json.loads(partial.read_text())["tasks"]) == ["copa"]
     # the error paths below exit the same way in-process (SystemExit), without a second torch import each
     def refused(*args):
         capsys.readouterr()

@@ -16,6 +16,7 @@ import torch
 import bench
 import prepare_data
 import sample
+from conftest import finish
 from model import GPT, GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -187,13 +188,13 @@ def test_missing_checkpoint_is_one_line_and_a_nonzero_exit(tmp_path):
     assert p.stdout == ""
 
 
-def test_ctrl_c_while_loading_is_one_line(tiny, monkeypatch):
+def test_ctrl_c_while_loading_is_one_line(tiny, monkeypatch, capsys):
     def interrupted(*args):
         raise KeyboardInterrupt
     monkeypatch.setattr(sample, "load", interrupted)
     with pytest.raises(SystemExit) as e:
         sample.main(["--ckpt", tiny[0]])
-    assert e.value.code == 130
+    assert e.value.code == 130 and capsys.readouterr().err == "sample.py: interrupted\n"
 
 
 def test_ctrl_c_while_generating_reports_the_finished_samples_and_exits_130(tiny, monkeypatch, capsys):
@@ -294,11 +295,11 @@ def test_a_full_or_closed_stdout_is_one_line(tiny):
         on_full = subprocess.Popen(cmd, stdout=full, stderr=subprocess.PIPE, text=True, cwd=HERE)
     closed = subprocess.Popen(cmd, stdout=None, stderr=subprocess.PIPE, text=True, cwd=HERE, close_fds=True,
                               preexec_fn=lambda: os.close(1))  # `python sample.py >&-`
-    _, err = on_full.communicate(timeout=120)
-    assert on_full.returncode == 1 and err.strip().splitlines()[-1] == "sample.py: error: cannot write the text: No space left on device"
-    assert "Traceback" not in err
-    _, err = closed.communicate(timeout=120)
-    assert closed.returncode == 1 and err.strip() == "sample.py: error: stdout is closed; the text has nowhere to go"
+    r = finish(on_full, 120)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == "sample.py: error: cannot write the text: No space left on device"
+    assert "Traceback" not in r.stderr
+    r = finish(closed, 120)
+    assert r.returncode == 1 and r.stderr.strip() == "sample.py: error: stdout is closed; the text has nowhere to go"
 
 
 @pytest.mark.parametrize("case", ["tokenizer", "prompt_file", "not_a_checkpoint"])
@@ -513,8 +514,8 @@ def test_bench_plots_and_metrics(tmp_path, capsys, monkeypatch):
     assert capsys.readouterr().out == ""
     bench.main(["--plot", "--json", "--plot_dir", str(out), str(metrics)])  # --json: the plots' paths on stdout
     assert json.loads(capsys.readouterr().out) == {"plots": [str(out / n) for n in ("fig5a.png", "val_curves.png", "coefficients.png")]}
-    _, err = on_full.communicate(timeout=120)  # a full disk for stdout is one line
-    assert on_full.returncode == 1 and err.strip().splitlines()[-1] == "bench.py: error: cannot write the results: No space left on device"
+    r = finish(on_full, 120)  # a full disk for stdout is one line
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == "bench.py: error: cannot write the results: No space left on device"
     baseline = tmp_path / "baseline" / "metrics.jsonl"
     baseline.parent.mkdir()
     baseline.write_text(json.dumps({"type": "eval", "step": 0, "tokens": 0, "val_bpb": 3.1, "coefficients": {}}) + "\n")

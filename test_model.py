@@ -13,6 +13,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench import CPU_SDPA_FLOPS  # SDPA's CPU kernel for the counter; backward = 2 x forward, nanochat's count
+from conftest import finish
 from model import GPT, GPTConfig, KVCache, SIZES, VARIANTS
 
 # A tiny model that still has sliding windows: block 256 gives S windows of 128 tokens.
@@ -610,5 +611,5 @@ def test_the_preset_listing_and_a_reader_that_leaves(monkeypatch, capsys):
     assert e.value.code == 130 and capsys.readouterr() == ("", "model.py: interrupted\n")
     err = p.stderr.read()
     assert p.wait(timeout=120) == 0 and err == ""
-    _, err = on_full.communicate(timeout=120)
-    assert on_full.returncode == 1 and err == "model.py: error: cannot write the listing: No space left on device\n"
+    r = finish(on_full, 120)
+    assert r.returncode == 1 and r.stderr == "model.py: error: cannot write the listing: No space left on device\n"

@@ -19,6 +19,7 @@ import torch
 
 import eval as ev
 import train
+from conftest import finish
 from model import GPT, GPTConfig
 from prepare_data import load_meta, load_tokens
 
@@ -50,12 +51,6 @@ def start_train(args, **kw):
     their torch imports overlap each other and the test's in-process work."""
     return subprocess.Popen([sys.executable, "train.py", *args], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, **kw)
-
-
-def finish(p, timeout=300):
-    """The CompletedProcess of a process from start_train (or any Popen with text pipes)."""
-    out, err = p.communicate(timeout=timeout)
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 def records(out_dir, kind):
@@ -98,7 +93,7 @@ def test_a_run_past_one_epoch_is_warned_of_in_the_dry_run_too(data_dir, capsys):
 def test_whole_numbers_are_read_in_any_notation():
     """An int setting takes 5, 5.0, 5e0 and 2e9 (a config file's 5.0 is taken too), exactly, digits past 2**53 included."""
     for text, value in (("5", 5), ("5.0", 5), ("5e0", 5), ("2e9", 2_000_000_000), ("+7", 7), ("-2", -2),
-                        ("123456789012345678901", 123456789012345678901)):
+                        ("123456789012345678901", 123456789012345678901), ("9" * 400, int("9" * 400))):
         assert train._parse_value("max_iters", text, 1) == value, text
 
 
@@ -556,13 +551,14 @@ def test_help_and_ctrl_c_are_not_tracebacks(data_dir, tmp_path):
         assert "Variants (--variant): baseline, bov, t1_r01," in r.stdout
         for t in threads:
             t.join(timeout=120)
-        (_, err), p = runs[0].communicate(timeout=60), runs[0]
-        assert p.returncode == 130 and "Traceback" not in err
-        assert err.strip().splitlines() == ["interrupted; no checkpoint was written yet (the first comes at step 100000)"]
+            assert not t.is_alive(), "a run never logged step 3"
+        r = finish(runs[0], 60)
+        assert r.returncode == 130 and "Traceback" not in r.stderr
+        assert r.stderr.strip().splitlines() == ["interrupted; no checkpoint was written yet (the first comes at step 100000)"]
         assert not (tmp_path / "run").exists()  # nothing was saved: no folder, no empty metrics.jsonl for --plot to trip on
-        (_, err), p = runs[1].communicate(timeout=60), runs[1]
+        r = finish(runs[1], 60)
         ckpt = tmp_path / "run2" / "ckpt.pt"
-        assert p.returncode == 130 and err.strip().splitlines() == [f"interrupted; {ckpt}, from the last evaluation, continues with --resume"]
+        assert r.returncode == 130 and r.stderr.strip().splitlines() == [f"interrupted; {ckpt}, from the last evaluation, continues with --resume"]
     finally:
         for p in runs:  # a failed check leaves no run of 100000 steps behind
             if p.poll() is None:
@@ -684,6 +680,16 @@ def test_a_refused_run_never_removes_the_winners_folder(data_dir, tmp_path, monk
     winner.pop("lock").close()
 
 
+def test_a_run_stopped_between_making_its_out_dir_and_training_leaves_no_folder(data_dir, tmp_path, monkeypatch):
+    """Refusals that come after --out_dir is made (the vocabulary, the CORE bundle, a reader that left) remove it again."""
+    for name, args in (("vocab", ["--vocab_size=100"]),
+                       ("core", ["--core_eval", f"--eval_bundle={tmp_path / 'nowhere'}"])):
+        out = tmp_path / "new" / name
+        with pytest.raises((train.ConfigError, ev.EvalError)):
+            train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=2", *args])
+        assert not (tmp_path / "new").exists(), name
+
+
 def test_ctrl_c_during_a_save_waits_for_it():
     """A SIGINT inside ctrl_c_after() (where train.py saves its checkpoint) lets the block finish, then interrupts."""
     done = []
@@ -768,6 +774,11 @@ def test_device_cuda_without_an_index_selects_gpu_0(monkeypatch):
     assert seen == ["cuda:0", "cuda:0", "cuda:0"]
     with pytest.raises(train.ConfigError, match="^--device cuda:7 is not usable here: CUDA error: invalid device ordinal$"):
         train.setup_device({"device": "cuda:7"})
+    for k, v in dict(RANK="7", LOCAL_RANK="7", WORLD_SIZE="8", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500").items():
+        monkeypatch.setenv(k, v)  # rank 7 of torchrun on a machine with fewer GPUs
+    with pytest.raises(train.ConfigError, match=r"^--device cuda:7 \(torchrun's LOCAL_RANK=7: more --nproc_per_node than GPUs\?\) "
+                                                r"is not usable here: CUDA error: invalid device ordinal$"):
+        train.setup_device({"device": "auto"})
 
 
 def test_a_failed_save_or_damaged_data_is_one_line(data_dir, tmp_path, monkeypatch):

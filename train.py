@@ -18,6 +18,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -116,13 +117,15 @@ def _parse_value(key, text, like):
             return False
         raise ValueError(f"expected true/false, got {text!r}")
     if isinstance(like, int):  # 2e9 and 5.0 are whole numbers; 2.5 is not, and is refused rather than cut to 2
+        if re.fullmatch(r"\s*[+-]?\d+\s*", text):
+            return int(text)  # digits: exact at any length
         try:
             x = float(text)
         except ValueError:
             x = math.nan
         if not x.is_integer():  # (nan and inf are not)
             raise ValueError(f"expected a whole number, got {text!r}")
-        return int(text) if text.strip().lstrip("+-").isdigit() else int(x)  # digits: exact past 2**53
+        return int(x)
     if isinstance(like, float):
         return float(text)
     return text
@@ -516,7 +519,8 @@ def setup_device(s):
         try:  # first, so that this process makes no CUDA context on another rank's GPU
             torch.cuda.set_device(name)
         except (RuntimeError, ValueError, AssertionError) as e:  # e.g. an index past the last GPU
-            raise ConfigError(f"--device {name} is not usable here: {first_line(e)}") from None
+            why = f" (torchrun's LOCAL_RANK={local_rank}: more --nproc_per_node than GPUs?)" if ddp else ""
+            raise ConfigError(f"--device {name}{why} is not usable here: {first_line(e)}") from None
     if name == "meta":
         raise ConfigError("--device=meta holds no data to train on; --dry_run prints the plan without memory")
     try:
@@ -594,13 +598,23 @@ def run(argv):
             log(f"WARNING: this run would read about {tokens / meta['train_tokens']:.2f} epochs of {s['data_dir']} "
                 f"({meta['train_tokens']:,} train tokens); {EPOCH_ADVICE}")
         return None
+    # what out_dir_problem will make, seen before any rank makes it (init_process_group waits for every rank)
+    made = missing_top(s["out_dir"]) if master else None
     dev = setup_device(s)
-    made = missing_top(s["out_dir"]) if master else None  # what out_dir_problem makes; only rank 0 writes there
-    problem = out_dir_problem(s["out_dir"]) if master else None  # (a rank making it first would leave it behind)
+    problem = out_dir_problem(s["out_dir"])  # on every rank: each stops with the same line
     if os.path.realpath(s["out_dir"]) == os.path.realpath(s["data_dir"]):  # (its lock would read as another run's)
         problem = "is the data folder (--data_dir); choose another --out_dir"
     if problem:
         raise ConfigError(f"--out_dir {s['out_dir']} {problem}")
+    ckpt_path = RUN["ckpt"]
+    if master:  # one run per --out_dir: a second would overwrite the first's checkpoint and metrics
+        RUN["out_lock"] = lock_folder(s["out_dir"], True, f"another train.py is writing {s['out_dir']}; wait for it to "
+                                                          f"end, or choose another --out_dir")
+        # ours once locked (a run refused here never removes the winner's folder); whatever stops this run before
+        # its first checkpoint, main() removes the folder again
+        RUN["made"] = (s["out_dir"], made)
+        for stale in glob.glob(glob.escape(ckpt_path) + ".tmp*"):  # half a save by a killed run: no one else writes here
+            os.remove(stale)
     if s["core_eval"] and master:  # the bundle and the tokenizer before training, not after it
         from eval import load_bundle
         core_bundle, core_tokenizer = load_bundle(s["eval_bundle"] or None, flag="--eval_bundle"), load_tokenizer(s["data_dir"])
@@ -633,14 +647,6 @@ def run(argv):
     model = GPT(model_config, device=dev)
     optimizers = model.configure_optimizers(s["matrix_lr"], s["embedding_lr"], s["unembedding_lr"],
                                             s["scalar_lr"], s["table_lr"], s["weight_decay"])
-    ckpt_path = RUN["ckpt"]
-    if master:  # one run per --out_dir: a second would overwrite the first's checkpoint and metrics
-        os.makedirs(s["out_dir"], exist_ok=True)
-        RUN["out_lock"] = lock_folder(s["out_dir"], True, f"another train.py is writing {s['out_dir']}; wait for it to "
-                                                          f"end, or choose another --out_dir")
-        RUN["made"] = (s["out_dir"], made)  # ours once locked: a run refused here never removes the winner's folder
-        for stale in glob.glob(glob.escape(ckpt_path) + ".tmp*"):  # half a save by a killed run: no one else writes here
-            os.remove(stale)
     metrics_path = os.path.join(s["out_dir"], "metrics.jsonl")
     step, metrics, smooth, smooth_from = 0, [], 0.0, 0  # the logged loss: a debiased moving average from step smooth_from
     if s["resume"]:
