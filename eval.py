@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from model import GPT, first_line, no_checkpoint, out_of_memory
+from model import GPT, checkpoint_file, first_line, no_checkpoint, out_of_memory
 from prepare_data import DataError, connection_text, not_utf8, silence_stdout, url_reachable, write_json
 from sample import check_device, checkpoint_tokenizer
 
@@ -453,7 +453,7 @@ def format_table(result):
 def main(argv=None):
     p = argparse.ArgumentParser(description="Evaluate a checkpoint on CORE (21 DCLM tasks); writes core_eval.json beside it "
                                 "(core_eval_partial.json for --tasks or --max_per_task, so a quick check never replaces a full result).")
-    p.add_argument("--ckpt", required=True, help="checkpoint written by train.py")
+    p.add_argument("--ckpt", required=True, help="checkpoint written by train.py, or its run folder")
     p.add_argument("--tasks", help=f"comma-separated subset of: {', '.join(TASKS)} (default: all)")
     p.add_argument("--max_per_task", type=int, help="evaluate at most N items of each task (default: all)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu | cuda | cuda:N | mps")
@@ -465,6 +465,7 @@ def main(argv=None):
         p.error("--batch_size must be at least 1")
     if args.max_per_task is not None and args.max_per_task < 1:
         p.error(f"--max_per_task must be at least 1, got {args.max_per_task}")
+    args.ckpt = checkpoint_file(args.ckpt)  # a run's folder: its ckpt.pt
     if not os.path.isfile(args.ckpt):  # before the bundle, which may be a download
         sys.exit(f"eval.py: error: {no_checkpoint(args.ckpt)}")
     partial = args.tasks is not None or args.max_per_task is not None

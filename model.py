@@ -18,6 +18,7 @@ coefficients. Named presets pick a size and a variant: `GPTConfig.preset("paper_
 Run `python model.py` to list the presets with their parameters and FLOPs.
 """
 
+import glob
 import math
 import os
 import re
@@ -726,7 +727,9 @@ class GPT(nn.Module):
     @classmethod
     def from_checkpoint(cls, path, device="cpu"):
         """Load a train.py checkpoint -> (model in eval mode on `device`, checkpoint dict).
-        Raises FileNotFoundError / ValueError with a one-line message for a missing or unreadable file."""
+        path may be the run's folder (its ckpt.pt), as nanoGPT's --out_dir. Raises FileNotFoundError /
+        ValueError with a one-line message for a missing or unreadable file."""
+        path = checkpoint_file(path)
         if not os.path.isfile(path):
             raise FileNotFoundError(no_checkpoint(path))
         try:
@@ -842,10 +845,26 @@ def first_line(e, limit=200):
     return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)[:limit]
 
 
+def checkpoint_file(path):
+    """path, or path/ckpt.pt when path is a run's folder holding one (as nanoGPT's --out_dir names a run)."""
+    inside = os.path.join(path, "ckpt.pt")
+    return inside if os.path.isdir(path) and os.path.isfile(inside) else path
+
+
 def no_checkpoint(path):
-    """Why there is no checkpoint file at path, in one line (a folder, or nothing)."""
+    """Why there is no checkpoint file at path, in one line: a folder (naming the checkpoints below it),
+    or nothing there (naming the train.py command that writes it, for a path of train.py's out/SIZE_VARIANT)."""
     if os.path.isdir(path):
-        return f"{path} is a folder; pass the checkpoint file in it, e.g. {os.path.join(path, 'ckpt.pt')}"
+        found = sorted(glob.glob(os.path.join(glob.escape(path), "**", "ckpt.pt"), recursive=True))
+        if found:
+            return f"{path} is a folder without ckpt.pt; checkpoints below it: {', '.join(found[:4])}{', ...' * (len(found) > 4)}"
+        return f"{path} is a folder with no checkpoint (ckpt.pt) in or below it; `python train.py` writes one"
+    parts = os.path.normpath(path).split(os.sep)
+    if len(parts) >= 3 and parts[-3] == "out" and parts[-1] == "ckpt.pt":  # train.py's default --out_dir
+        size = next((s for s in SIZES if parts[-2].startswith(s + "_") and parts[-2][len(s) + 1:] in VARIANTS), None)
+        if size:
+            return (f"no checkpoint at {path}; `python train.py --size={size} --variant={parts[-2][len(size) + 1:]}` "
+                    f"writes one")
     return f"no checkpoint at {path}; `python train.py` writes one"
 
 

@@ -254,6 +254,14 @@ def _shard_lists_problem(state):
 # -----------------------------------------------------------------------------
 # loading API
 
+def prepare_command(data_dir):
+    """The prepare_data.py command that writes data_dir: a source's default folder names its source."""
+    for kind in ("shakespeare", "climbmix", "files"):
+        if os.path.normpath(data_dir) == os.path.normpath(SOURCE_DEFAULTS[kind]["out_dir"]):
+            return "python prepare_data.py" + ("" if kind == "shakespeare" else f" --source={kind}" + ":GLOB" * (kind == "files"))
+    return f"python prepare_data.py --source=... --out_dir={data_dir}"
+
+
 def load_meta(data_dir):
     """Return the dict in data_dir/meta.json. DataError if the data is not (completely) prepared."""
     path = os.path.join(data_dir, "meta.json")
@@ -261,7 +269,7 @@ def load_meta(data_dir):
         if os.path.exists(os.path.join(data_dir, "progress.json")):
             raise DataError(f"preparation of {data_dir} is incomplete; re-run prepare_data.py "
                             f"with the same arguments to resume it")
-        raise DataError(f"no prepared data in {data_dir}; run `python prepare_data.py` first")
+        raise DataError(f"no prepared data in {data_dir}; run `{prepare_command(data_dir)}` first")
     try:
         with open(path) as f:
             meta = json.load(f)
@@ -1002,7 +1010,8 @@ documents only. Rerunning with the same arguments resumes an interrupted run or 
     p.add_argument("--source", default="shakespeare", help="shakespeare (default), climbmix, hf:NAME[:CONFIG] or files:GLOB")
     p.add_argument("--column", help="text column/field for hf: and files: sources (default: text)")
     p.add_argument("--hf_split", help="dataset split for hf: sources (default: train)")
-    p.add_argument("--out_dir", help="output dir (default: data/shakespeare, data/climbmix, data/<hf name>, data/files)")
+    p.add_argument("--out_dir", "--data_dir", dest="out_dir",  # --data_dir: the name train.py and sample.py give it
+                   help="output dir (default: data/shakespeare, data/climbmix, data/<hf name>, data/files)")
     p.add_argument("--tokenizer", choices=("bpe", "gpt2"), default="bpe",
                    help="bpe: train a byte-level BPE (bos <|bos|> = vocab_size-1); gpt2: tiktoken's GPT-2 encoding")
     p.add_argument("--vocab_size", type=_count, help="BPE vocab incl. bos (default: 4096 for shakespeare, else 32768)")

@@ -30,7 +30,7 @@ if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 
 
 import torch
 
-from model import GPT, compile_failed, first_line
+from model import GPT, checkpoint_file, compile_failed, first_line
 from prepare_data import DataError, load_tokenizer, silence_stdout, tokenizer_sha256
 
 SEPARATOR = "\n---------------\n"
@@ -141,6 +141,7 @@ def checkpoint_tokenizer(ckpt_path, ckpt, vocab_size, data_dir=None):
 def load(ckpt_path, device, data_dir=None, offload_tables=False):
     """(model in eval mode, tokenizer) for a train.py checkpoint. With offload_tables the model runs
     on `device` and its value tables stay in host memory (model.offload_tables)."""
+    ckpt_path = checkpoint_file(ckpt_path)  # a run's folder: its ckpt.pt
     model, ckpt = GPT.from_checkpoint(ckpt_path, "cpu" if offload_tables else device)
     if offload_tables:
         model.offload_tables(device)
@@ -183,7 +184,8 @@ def parse_args(argv=None):
                "to <|bos|> and its last block_size - 1 tokens, with a warning. Generation past the context goes on: when "
                "the cache is full it restarts from the last half block.")
     p.add_argument("--ckpt", default="out/cpu_bov/ckpt.pt",
-                   help="checkpoint written by train.py (default: out/cpu_bov/ckpt.pt, what a plain `python train.py` writes)")
+                   help="checkpoint written by train.py, or its run folder (default: out/cpu_bov/ckpt.pt, what a plain "
+                   "`python train.py` writes)")
     p.add_argument("--data_dir", help="prepared-data folder whose tokenizer to use (default: the one in the checkpoint)")
     p.add_argument("--start", default="", help="prompt text, or FILE:path to read it from a file; "
                    "<|bos|> is always put first (default: empty, i.e. <|bos|> alone)")
@@ -262,8 +264,10 @@ def main(argv=None):
     else:
         print("sample.py: no tokens generated, so no prefill or decode ran", file=sys.stderr)
     if model.offload is not None:
+        on_host = " (on the CPU the model is in host memory too: the same path runs, as a check)" \
+            if torch.device(args.device).type == "cpu" else ""
         print(f"sample.py: offload: {model.offload.rows_fetched:,} table rows fetched, "
-              f"{model.offload.bytes_moved:,} bytes moved host -> {args.device}", file=sys.stderr)
+              f"{model.offload.bytes_moved:,} bytes moved host -> {args.device}{on_host}", file=sys.stderr)
     if interrupted:
         sys.exit(130)
 

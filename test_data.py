@@ -437,8 +437,12 @@ def test_bad_input_is_one_line(tmp_path):
             f"prepare_data.py: error: unknown --source {spec!r}; use shakespeare, climbmix, hf:NAME[:CONFIG] or files:GLOB")
     assert "no files match" in prep("--source", "files:" + str(tmp_path / "none*.jsonl"), "--out_dir", tmp_path / "a")
     assert "does not apply" in prep("--val_tokens", 1000, "--out_dir", tmp_path / "a")
-    with pytest.raises(pd.DataError, match="run `python prepare_data.py` first"):
+    with pytest.raises(pd.DataError, match=f"^no prepared data in {tmp_path / 'a'}; run `python prepare_data.py --source=... "
+                                           f"--out_dir={tmp_path / 'a'}` first$"):
         pd.load_meta(tmp_path / "a")
+    assert pd.prepare_command("data/climbmix") == "python prepare_data.py --source=climbmix"  # what config/paper_135m.py reads
+    assert pd.prepare_command("./data/shakespeare") == "python prepare_data.py"
+    assert "unknown --source" in prep("--source", "nope", "--data_dir", tmp_path / "a")  # train.py's name for the folder
     assert "at most 2^32" in prep("--vocab_size", "1e12", "--out_dir", tmp_path / "a")
     assert not (tmp_path / "a").exists()
     (tmp_path / "latin1.txt").write_bytes("café au lait\n".encode("latin-1"))

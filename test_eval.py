@@ -680,8 +680,10 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
     (tmp_path / "run" / "core_eval_partial.json").rmdir()
     code, err = refused("--ckpt", tmp_path / "typo.pt", "--bundle", tmp_path / "nowhere")  # the checkpoint is checked first
     assert code == f"eval.py: error: no checkpoint at {tmp_path / 'typo.pt'}; `python train.py` writes one" and err == ""
-    code, err = refused("--ckpt", tmp_path / "run", "--bundle", bundle)  # the folder, not the file in it
-    assert code == f"eval.py: error: {tmp_path / 'run'} is a folder; pass the checkpoint file in it, e.g. {ckpt}" and err == ""
+    (tmp_path / "empty").mkdir()
+    code, err = refused("--ckpt", tmp_path / "empty", "--bundle", bundle)  # a folder holds no checkpoint
+    assert code == f"eval.py: error: {tmp_path / 'empty'} is a folder with no checkpoint (ckpt.pt) in or below it; " \
+                   "`python train.py` writes one" and err == ""
     code, err = refused("--ckpt", ckpt, "--bundle", bundle, "--max_per_task", 0)
     assert code == 2 and "--max_per_task must be at least 1, got 0" in err
 

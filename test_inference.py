@@ -154,6 +154,7 @@ def test_greedy_offloaded_tables_give_the_same_tokens(tiny, capsys):
     moved = int(re.search(r"([\d,]+) bytes moved", offloaded.err).group(1).replace(",", ""))
     assert rows == 2 * len(fed.unique())
     assert moved == rows * model.config.n_embd * 4
+    assert "bytes moved host -> cpu (on the CPU the model is in host memory too: the same path runs, as a check)" in offloaded.err
     assert "offload" not in plain.err
 
 

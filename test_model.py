@@ -548,8 +548,19 @@ def test_checkpoint_round_trip(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary file left
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         GPT.from_checkpoint(str(tmp_path / "missing.pt"))
-    with pytest.raises(FileNotFoundError, match=f"^{tmp_path} is a folder; pass the checkpoint file in it, e.g. {path}$"):
+    assert torch.equal(GPT.from_checkpoint(str(tmp_path))[0](idx)[0], model(idx)[0])  # the run's folder: its ckpt.pt
+    (tmp_path / "out" / "cpu_x").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=f"^{tmp_path / 'out'} is a folder with no checkpoint \\(ckpt.pt\\) in or below it; "):
+        GPT.from_checkpoint(str(tmp_path / "out"))
+    os.replace(path, tmp_path / "out" / "cpu_x" / "ckpt.pt")
+    with pytest.raises(FileNotFoundError, match=f"^{tmp_path} is a folder without ckpt.pt; checkpoints below it: "
+                                                f"{tmp_path / 'out' / 'cpu_x' / 'ckpt.pt'}$"):
         GPT.from_checkpoint(str(tmp_path))
+    missing = tmp_path / "out" / "cpu_baseline" / "ckpt.pt"  # train.py's own out_dir: the command that writes it
+    with pytest.raises(FileNotFoundError, match=f"^no checkpoint at {missing}; `python train.py --size=cpu --variant=baseline` "
+                                                f"writes one$"):
+        GPT.from_checkpoint(str(missing))
+    os.replace(tmp_path / "out" / "cpu_x" / "ckpt.pt", path)
     good = path.read_bytes()
     path.write_bytes(good[:1000])
     with pytest.raises(ValueError, match="cannot read checkpoint") as e:

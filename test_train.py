@@ -65,6 +65,8 @@ def test_dry_run_plans_the_papers_135m_budget_fast(capsys):
     train.main(["--size=paper_135m", "--variant=baseline", "--target_flops=1.5e18", "--dry_run", "--data_dir=/nonexistent"])
     out = capsys.readouterr().out
     assert "759,693,312 FLOPs/token" in out
+    assert out.startswith("note: /nonexistent is not prepared yet (`python prepare_data.py --source=... --out_dir=/nonexistent`); "
+                          "this plan assumes vocab_size 32768, the size's\n")
     assert "-> 3,766 iterations" in out and "1.97B" in out and "tokens:params 17.9 (over the 110.1" in out
     assert time.time() - t < 5  # a meta-device model: nothing allocated, no data read
     train.main(["--size=paper_135m", "--variant=bov", "--dry_run", "--data_dir=/nonexistent"])
@@ -354,7 +356,11 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
         assert "\n" not in str(e.value)
         return str(e.value)
 
-    assert "unknown setting --n_layers" in error([*base, "--n_layers=3"])
+    assert error([*base, "--n_layers=3"]) == "unknown setting --n_layers; did you mean --n_layer or --bov_layers?"
+    assert error([*base, "--batch_size=4"]).startswith("unknown setting --batch_size; nanoGPT's batch_size is device_batch_size")
+    assert error([*base, "--zzz=1"]).startswith("unknown setting --zzz; settings are: size, variant, data_dir,")
+    (tmp_path / "typo.py").write_text("max_iter = 3\n")
+    assert error([str(tmp_path / "typo.py"), *base]) == f"unknown setting max_iter in config file {tmp_path / 'typo.py'}; did you mean max_iters?"
     assert "unknown variant" in error([*base, "--variant=bovv"])
     assert "give one budget" in error([*base, "--target_flops=1e12"])
     assert "no prepared data" in error([*TINY, "--data_dir=/nonexistent", "--max_iters=2"])

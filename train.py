@@ -13,6 +13,7 @@ field (n_layer, bov_layers, ...) is a key too. The resolved settings are printed
 """
 
 import bisect
+import difflib
 import glob
 import json
 import math
@@ -35,8 +36,8 @@ import torch.distributed as dist
 
 from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory
 from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokenizer,
-                          load_tokens, lock_folder, missing_top, out_dir_problem, remove_unused, silence_stdout,
-                          tokenizer_sha256, write_json)
+                          load_tokens, lock_folder, missing_top, out_dir_problem, prepare_command, remove_unused,
+                          silence_stdout, tokenizer_sha256, write_json)
 from sample import check_device
 
 # -----------------------------------------------------------------------------
@@ -150,6 +151,34 @@ def _check_type(key, value, like, where):
     return value
 
 
+# nanoGPT's names for settings that are spelled differently here (a user's first guesses)
+NANOGPT_NAMES = {
+    "batch_size": "device_batch_size (sequences per forward pass; total_batch_tokens sets the step)",
+    "gradient_accumulation_steps": "total_batch_tokens (the accumulation follows from it)",
+    "learning_rate": "matrix_lr (Muon), with embedding_lr, unembedding_lr, scalar_lr and table_lr (AdamW)",
+    "min_lr": "final_lr_frac (a fraction of each peak rate)",
+    "lr_decay_iters": "warmdown_frac (the schedule follows the budget)",
+    "init_from": "resume (--resume continues the run in out_dir)",
+    "eval_iters": "eval_tokens (a fixed validation slice)",
+    "wandb_log": "not here: every evaluation goes to out_dir/metrics.jsonl, which `bench.py --plot` draws",
+}
+
+
+def unknown_setting(keys, where=None):
+    """The one-line error for settings train.py does not have (as --key, or in the config file `where`):
+    nanoGPT's name for the first, or the nearest names."""
+    dash = "" if where else "--"
+    key = keys[0]
+    if key in NANOGPT_NAMES:
+        hint = f"nanoGPT's {key} is {NANOGPT_NAMES[key]}"
+    else:
+        near = difflib.get_close_matches(key, TRAIN_KEYS + MODEL_KEYS, n=3, cutoff=0.7)
+        hint = (f"did you mean {' or '.join(dash + k for k in near)}?" if near
+                else f"settings are: {', '.join(TRAIN_KEYS + MODEL_KEYS)}")
+    place = f" in config file {where}" if where else ""
+    return ConfigError(f"unknown setting{'s' * (len(keys) > 1)} {', '.join(dash + k for k in keys)}{place}; {hint}")
+
+
 def resolve_settings(argv):
     """Defaults, then the size's recipe, then config files and --key=value in the order given (a later one
     winning). Returns (train dict, model overrides)."""
@@ -166,6 +195,9 @@ def resolve_settings(argv):
                 exec(open(arg).read(), {}, scope)
             except Exception as e:
                 raise ConfigError(f"config file {arg}: {type(e).__name__}: {e}")
+            unknown = [k for k in scope if not k.startswith("_") and k not in defaults and k not in model_defaults]
+            if unknown:
+                raise unknown_setting(unknown, arg)
             if not cli_budgets and set(scope) & set(budgets):  # this file's budget replaces an earlier file's
                 for k in budgets:
                     given.pop(k, None)
@@ -176,7 +208,7 @@ def resolve_settings(argv):
             continue
         key, _, text = arg[2:].partition("=")
         if key not in defaults and key not in model_defaults:
-            raise ConfigError(f"unknown setting --{key}; settings are: {', '.join(TRAIN_KEYS + MODEL_KEYS)}")
+            raise unknown_setting([key])
         like = defaults.get(key, model_defaults.get(key))
         if "=" not in arg and not isinstance(like, bool) and key != "compile":
             raise ConfigError(f"--{key} needs a value: --{key}=VALUE (only true/false settings may stand alone)")
@@ -184,9 +216,6 @@ def resolve_settings(argv):
             given[key] = _parse_value(key, text if "=" in arg else "true", like)
         except (ValueError, OverflowError) as e:
             raise ConfigError(f"--{key}: {e}")
-    unknown = sorted(set(given) - set(defaults) - set(model_defaults))
-    if unknown:
-        raise ConfigError(f"unknown setting(s) {', '.join(unknown)} in config file")
     if given.get("size", defaults["size"]) not in SIZES:
         raise ConfigError(f"unknown size {given['size']!r}; choose one of {', '.join(SIZES)}")
     s = {**defaults, **SIZE_DEFAULTS[given.get("size", defaults["size"])]}
@@ -561,6 +590,9 @@ def run(argv):
         model_config = GPTConfig.preset(s["size"], s["variant"], **model_overrides)
     except ValueError as e:
         raise ConfigError(str(e))
+    if meta is None:  # a dry run without the data: say what it assumed
+        log(f"note: {s['data_dir']} is not prepared yet (`{prepare_command(s['data_dir'])}`); this plan assumes "
+            f"vocab_size {model_config.vocab_size}, the size's")
     standard = not VARIANTS[s["variant"]]  # no overrides: standard attention (baseline, t1_r01)
     if standard and model_config.target_layers():  # its name (and out_dir) would say otherwise
         raise ConfigError(f"--variant={s['variant']} has no target layers; --bov_layers would train a value variant under "
@@ -803,7 +835,7 @@ def stopped_note():
 
 def usage():
     """--help: the docstring, then every setting with its default."""
-    keys = "\n".join(f"  --{k}={globals()[k]!r}" for k in TRAIN_KEYS)
+    keys = "\n".join(f"  --{k}={globals()[k]!r}" + ("  (out/<size>_<variant>)" if k == "out_dir" else "") for k in TRAIN_KEYS)
     sizes = "\n".join(f"  {name}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items())
                       for name, d in SIZE_DEFAULTS.items())
     return (f"{__doc__.strip()}\n\nTraining settings and their defaults:\n{keys}\n"
