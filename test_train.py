@@ -398,9 +398,10 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     cli = start_train(cli_base)
     assert "pass --resume" in error(base)                                   # never overwrite a run
     assert "different model" in error([*base, "--resume", "--n_layer=3"])   # another config
-    assert error([*base, "--resume", "--seed=4"]).endswith("other settings (seed=3 there, 4 here); use the same ones")
-    assert "(the learning-rate schedule is planned from the budget, so a run cannot be lengthened)" in error(
-        [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=3", "--resume"])
+    assert error([*base, "--resume", "--seed=4"]).endswith("other settings (seed=3 there, 4 here); use the same ones (--seed=3)")
+    assert error([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--target_flops=1e7", "--resume"]).endswith(
+        "other settings (target_flops=0 there, 1e+07 here, max_iters=2 there, 0 here); use the same ones (--max_iters=2) "
+        "(the learning-rate schedule is planned from the budget, so a run cannot be lengthened)")  # flags to paste
     assert "matrix_lr=0.02 there, 0.03 here" in error([*base, "--resume", "--matrix_lr=0.03"])
     assert open(ckpt, "rb").read() == before
     open(ckpt, "wb").write(before[:len(before) // 2])                       # truncated

@@ -489,13 +489,17 @@ def load_resume(path, s, model_config, tok_sha, data_counts):
     must_match = ("seed", "total_batch_tokens", "target_flops", "target_tokens", "max_iters", "matrix_lr",
                   "embedding_lr", "unembedding_lr", "scalar_lr", "table_lr", "weight_decay", "warmup_iters",
                   "warmdown_frac", "final_lr_frac")
-    saved = ckpt["train_config"]
-    diff = ", ".join(f"{k}={saved.get(k)!r} there, {s[k]!r} here" for k in must_match if saved.get(k) != s[k])
-    if diff:
-        budget = any(saved.get(k) != s[k] for k in ("target_flops", "target_tokens", "max_iters"))
-        raise ConfigError(f"--resume: {path} was trained with other settings ({diff}); use the same ones"
+    saved, budgets = ckpt["train_config"], ("target_flops", "target_tokens", "max_iters")
+    show = lambda v: f"{v:g}" if isinstance(v, float) else repr(v)
+    differ = [k for k in must_match if saved.get(k) != s[k]]
+    if differ:
+        diff = ", ".join(f"{k}={show(saved.get(k))} there, {show(s[k])} here" for k in differ)
+        # the flags that give the checkpoint's settings (a budget left 0 there follows from the one given)
+        flags = " ".join(f"--{k}={saved[k]:g}" if isinstance(saved[k], float) else f"--{k}={saved[k]}"
+                         for k in differ if k in saved and not (k in budgets and not saved[k]))
+        raise ConfigError(f"--resume: {path} was trained with other settings ({diff}); use the same ones ({flags})"
                           + (" (the learning-rate schedule is planned from the budget, so a run cannot be lengthened)"
-                             if budget else ""))
+                             if any(k in budgets for k in differ) else ""))
     return ckpt
 
 
