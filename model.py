@@ -106,10 +106,14 @@ class GPTConfig:
         return w
 
     def table_layers(self):
+        """Target layers that read a value table (E_v, or nanochat's value embeddings)."""
         return self.target_layers() if self.value_source == "table" else ()
 
     def n_tables(self):
-        return 0 if not self.table_layers() else (1 if self.shared_table else len(self.table_layers()))
+        """Value tables the model holds: one per table layer, or one shared by all (Fig 5b)."""
+        if not self.table_layers():
+            return 0
+        return 1 if self.shared_table else len(self.table_layers())
 
     def v_free_layers(self):
         """Layers whose values need no V cache at decode: a replaced V~ that is a table row or V1."""
@@ -631,12 +635,7 @@ class GPT(nn.Module):
             self.offload.prefetch(idx)
         bag_index = None
         if cache is not None and cache.ids is not None and T == 1 and self.config.v_free_layers():
-            # the one-token step of a BoV layer (Attention.table_decode_step) reads the table by these
-            rows = cache.ids[:, None, :pos + 1]  # (B, 1, pos + 1)
-            if self.offload is not None:
-                rows = self.offload.slot[rows.long()]
-            H = self.config.n_head  # row r of a (N, C) table is rows r H .. r H + H - 1 of its (N H, D) view
-            bag_index = torch.add(torch.arange(H, device=idx.device)[:, None], rows, alpha=H)  # (B, H, pos + 1): H row + h
+            bag_index = self.decode_bag_index(cache, pos)
         x0 = norm(self.wte(idx))
         ctx = PassContext(ids=idx, x0=x0, cos=self.cos[pos:pos + T], sin=self.sin[pos:pos + T], pos=pos,
                           table_rows=self.table_rows, table_weight=self.table_weight, cache=cache, bag_index=bag_index)
@@ -653,6 +652,15 @@ class GPT(nn.Module):
             return logits, None
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=reduction)
         return logits, (loss.view(B, T) if reduction == "none" else loss)
+
+    def decode_bag_index(self, cache, pos):
+        """(B, H, pos + 1) int64: for each cached position and head h, the row H r + h of the (N H, D) view of
+        a table that holds head h of the position's table row r, which Attention.table_decode_step bags."""
+        rows = cache.ids[:, None, :pos + 1]  # (B, 1, pos + 1) token ids, the rows of a table
+        if self.offload is not None:
+            rows = self.offload.slot[rows.long()]  # the rows of the device row cache instead
+        H = self.config.n_head  # row r of a (N, C) table is rows r H .. r H + H - 1 of its (N H, D) view
+        return torch.add(torch.arange(H, device=rows.device)[:, None], rows, alpha=H)  # (B, H, pos + 1)
 
     def offload_tables(self, device):
         """Run on `device` with the value tables left in host memory (see TableOffload)."""
@@ -771,7 +779,8 @@ class GPT(nn.Module):
                 logits, _ = self(seq[:, -cfg.block_size:], last_only=True)
             elif cache is None or cache.pos == cache.max_len:  # prefill; when full, restart from the last half block
                 cache = self.new_cache(idx.size(0), cfg.block_size)
-                logits, _ = self(seq if step == 0 else seq[:, -max(1, cfg.block_size // 2):].clone(), cache=cache, last_only=True)
+                prompt = seq if step == 0 else seq[:, -max(1, cfg.block_size // 2):].clone()  # clone: no view offset to compile
+                logits, _ = self(prompt, cache=cache, last_only=True)
             else:  # the last token itself, not a view into seq: under torch.compile a view's offset is one more symbol
                 logits, _ = self(nxt, cache=cache)
             nxt = self.sample_next(logits[:, -1, :], temperature, top_k, generator)
@@ -821,7 +830,7 @@ class GPT(nn.Module):
         for block in self.blocks:
             a = block.attn
             matmul += sum(p.numel() for p in block.parameters() if p.dim() == 2)
-            if a.target and a.source == "x0" and a.mix == "add":
+            if a.source == "x0" and a.mix == "add":  # (source is None outside the target layers)
                 matmul += a.c_v.weight.numel()  # W_V applied to both x and x0
         attn = sum(12 * cfg.n_head * cfg.head_dim * min(w, cfg.block_size) for w in cfg.windows())
         return 6 * matmul + attn
