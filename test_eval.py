@@ -592,7 +592,7 @@ def test_no_bundle_offline_is_one_clear_line_and_fast(tmp_path, monkeypatch):
         assert str(e.value) == f"BOV_EVAL_BUNDLE_URL={bad!r} is not an http(s) URL"
     monkeypatch.setenv("BOV_EVAL_BUNDLE_URL", env["BOV_EVAL_BUNDLE_URL"])
     (tmp_path / "a_file").write_text("")  # a cache that cannot be made (here under a file): one line, not a traceback
-    monkeypatch.setattr(ev, "url_reachable", lambda url: True)
+    monkeypatch.setattr(ev, "url_reachable", lambda url, timeout=None: True)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a_file" / "cache"))
     with pytest.raises(ev.EvalError, match=f"^cannot make the bundle cache {tmp_path / 'a_file' / 'cache' / 'bov'} "
                        r"\(Not a directory\); set XDG_CACHE_HOME to a writable folder, or unzip the bundle anywhere"):

@@ -524,7 +524,7 @@ def write_jsonl(path, records):
 
 
 # -----------------------------------------------------------------------------
-# devices, ranks and the run
+# devices and ranks
 
 def ranks():
     """(ddp, rank, local_rank, world) from torchrun's environment; one process without it."""
@@ -566,26 +566,14 @@ def setup_device(s):
     return dev
 
 
-def main(argv):
-    """Train as the settings in argv say; the folder locks taken on the way are dropped when it returns or raises."""
-    try:
-        return run(argv)
-    finally:
-        if RUN.get("made"):  # a run that ended before its first checkpoint leaves no folder; done under its lock
-            remove_unused(*RUN.pop("made"))
-        for key in ("out_lock", "data_lock"):
-            if RUN.get(key):
-                RUN.pop(key).close()
+# -----------------------------------------------------------------------------
+# the run: its stages (plan, out_dir, data, resume, the model the loop calls), main() and run()
 
+def plan(s, model_overrides, world, log):
+    """The model and the budget, printed -> (meta, model_config, flops_per_token, iters, tokens).
 
-def run(argv):
-    s, model_overrides = resolve_settings(argv)
-    RUN["ckpt"], RUN["eval_interval"] = os.path.join(s["out_dir"], CKPT), s["eval_interval"]  # until the plan knows iters
-    ddp, rank, _, world = ranks()  # (False, 0, _, 1) without torchrun
-    master = rank == 0
-    log = print if master else (lambda *a, **k: None)
-
-    # The plan needs only the model's shapes: a meta-device model, no data.
+    Needs only the model's shapes (a meta-device model) and of the data only meta.json; meta is None
+    for a dry run without the data."""
     meta = None
     if not s["dry_run"] or os.path.exists(os.path.join(s["data_dir"], "meta.json")):  # the dry run too, when the data is there
         meta = load_meta(s["data_dir"])
@@ -629,20 +617,20 @@ def run(argv):
     if s["warmup_iters"] >= iters:
         log(f"WARNING: warmup_iters={s['warmup_iters']} is not below the run's {iters} iterations: the whole run is "
             f"warm-up; lower --warmup_iters or raise the budget")
-    if s["dry_run"]:
-        if meta is not None and tokens > meta["train_tokens"]:  # the real run counts rows (padding included)
-            log(f"WARNING: this run would read about {tokens / meta['train_tokens']:.2f} epochs of {s['data_dir']} "
-                f"({meta['train_tokens']:,} train tokens); {EPOCH_ADVICE}")
-        return None
-    # what out_dir_problem will make, seen before any rank makes it (init_process_group waits for every rank)
-    made = missing_top(s["out_dir"]) if master else None
-    dev = setup_device(s)
+    if s["dry_run"] and meta is not None and tokens > meta["train_tokens"]:  # the real run counts rows (padding included)
+        log(f"WARNING: this run would read about {tokens / meta['train_tokens']:.2f} epochs of {s['data_dir']} "
+            f"({meta['train_tokens']:,} train tokens); {EPOCH_ADVICE}")
+    return meta, model_config, flops_per_token, iters, tokens
+
+
+def claim_out_dir(s, made, master, ckpt_path):
+    """Refuse an unusable --out_dir (every rank); on rank 0, lock it, hand it to main() to remove until the
+    first checkpoint (made: what missing_top found missing), and drop half-written checkpoints."""
     problem = out_dir_problem(s["out_dir"])  # on every rank: each stops with the same line
     if os.path.realpath(s["out_dir"]) == os.path.realpath(s["data_dir"]):  # (its lock would read as another run's)
         problem = "is the data folder (--data_dir); choose another --out_dir"
     if problem:
         raise ConfigError(f"--out_dir {s['out_dir']} {problem}")
-    ckpt_path = RUN["ckpt"]
     if master:  # one run per --out_dir: a second would overwrite the first's checkpoint and metrics
         RUN["out_lock"] = lock_folder(s["out_dir"], True, f"another train.py is writing {s['out_dir']}; wait for it to "
                                                           f"end, or choose another --out_dir")
@@ -651,13 +639,12 @@ def run(argv):
         RUN["made"] = (s["out_dir"], made)
         for stale in glob.glob(glob.escape(ckpt_path) + ".tmp*"):  # half a save by a killed run: no one else writes here
             os.remove(stale)
-    if s["core_eval"] and master:  # the bundle and the tokenizer before training, not after it
-        from eval import load_bundle
-        core_bundle, core_tokenizer = load_bundle(s["eval_bundle"] or None, flag="--eval_bundle"), load_tokenizer(s["data_dir"])
-    accum = s["total_batch_tokens"] // (s["device_batch_size"] * T * world)
-    log(f"plan: {s['total_batch_tokens']:,} tokens/step = {s['device_batch_size']} x {T} tokens x {accum} accumulation x {world} ranks")
 
-    # data
+
+def load_data(s, meta, model_config, tokens, log):
+    """Check the model's vocabulary against the data, lock the data folder for reading and load it
+    -> (loader, val, token_bytes, tok_sha, data_counts)."""
+    T = model_config.block_size
     dtype_max = np.iinfo(np.dtype(meta["dtype"])).max
     if model_config.vocab_size < meta["vocab_size"]:
         raise ConfigError(f"vocab_size {model_config.vocab_size} is smaller than the data's vocabulary ({meta['vocab_size']})")
@@ -675,40 +662,37 @@ def run(argv):
         f" validation slice {len(val) * T + 1:,} tokens")  # rows overlap by one token
     if tokens > epoch_tokens:
         log(f"WARNING: this run reads {tokens / epoch_tokens:.2f} epochs of {s['data_dir']}; {EPOCH_ADVICE}")
+    return loader, val, token_bytes, tok_sha, data_counts
 
-    # model and optimisers
-    torch.manual_seed(s["seed"])
-    random.seed(s["seed"])
-    np.random.seed(s["seed"])
-    model = GPT(model_config, device=dev)
-    optimizers = model.configure_optimizers(s["matrix_lr"], s["embedding_lr"], s["unembedding_lr"],
-                                            s["scalar_lr"], s["table_lr"], s["weight_decay"])
-    metrics_path = os.path.join(s["out_dir"], "metrics.jsonl")
-    step, metrics, smooth, smooth_from = 0, [], 0.0, 0  # the logged loss: a debiased moving average from step smooth_from
-    if s["resume"]:
-        ckpt = load_resume(ckpt_path, s, model_config, tok_sha, data_counts)
-        try:
-            model.load_state_dict(ckpt["model"])
-            for opt, state in zip(optimizers, ckpt["optimizers"], strict=True):
-                opt.load_state_dict(state)
-            loader.load_state(ckpt["loader"])
-            set_rng_states(ckpt["rng"])
-            step, metrics = int(ckpt["step"]), list(ckpt["metrics"])
-            # a checkpoint older than 09a1c3d has no smooth_loss: the average restarts (and is debiased) from here
-            smooth, smooth_from = ckpt.get("smooth_loss", 0.0), (0 if "smooth_loss" in ckpt else step)
-        except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
-            raise ConfigError(f"--resume: {ckpt_path} is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
-        if not 0 <= step <= iters:
-            raise ConfigError(f"--resume: {ckpt_path} is at step {step}, outside this run's 0..{iters} iterations; it is damaged")
-        log(f"resumed {ckpt_path} at step {step}")
-        del ckpt
-    elif os.path.exists(ckpt_path):
-        raise ConfigError(f"{ckpt_path} exists; pass --resume to continue that run, or choose another --out_dir")
-    if master and s["resume"]:  # the checkpoint's metrics, without any logged after it
-        write_jsonl(metrics_path, metrics)
-    elif master and os.path.exists(metrics_path):  # left by a run that saved no checkpoint: they belong to no model
-        os.remove(metrics_path)
 
+def restore(ckpt_path, s, model_config, model, optimizers, loader, tok_sha, data_counts, iters, log):
+    """With --resume, the checkpoint's weights, optimizer, loader and RNG states, checked to belong to this run
+    -> (step, metrics, smooth, smooth_from); without it, a fresh start in an out_dir that holds no checkpoint."""
+    if not s["resume"]:
+        if os.path.exists(ckpt_path):
+            raise ConfigError(f"{ckpt_path} exists; pass --resume to continue that run, or choose another --out_dir")
+        return 0, [], 0.0, 0
+    ckpt = load_resume(ckpt_path, s, model_config, tok_sha, data_counts)
+    try:
+        model.load_state_dict(ckpt["model"])
+        for opt, state in zip(optimizers, ckpt["optimizers"], strict=True):
+            opt.load_state_dict(state)
+        loader.load_state(ckpt["loader"])
+        set_rng_states(ckpt["rng"])
+        step, metrics = int(ckpt["step"]), list(ckpt["metrics"])
+        # a checkpoint older than 09a1c3d has no smooth_loss: the average restarts (and is debiased) from here
+        smooth, smooth_from = ckpt.get("smooth_loss", 0.0), (0 if "smooth_loss" in ckpt else step)
+    except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
+        raise ConfigError(f"--resume: {ckpt_path} is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+    if not 0 <= step <= iters:
+        raise ConfigError(f"--resume: {ckpt_path} is at step {step}, outside this run's 0..{iters} iterations; it is damaged")
+    log(f"resumed {ckpt_path} at step {step}")
+    return step, metrics, smooth, smooth_from
+
+
+def training_model(s, model, dev, ddp):
+    """The model the loop calls, compiled and DDP-wrapped as the settings say -> (train_model, autocast,
+    peak: the GPU's dense bf16 FLOP/s, or None where unknown)."""
     use_cuda = dev.type == "cuda"
     if use_cuda:
         torch.set_float32_matmul_precision("high")  # TF32
@@ -721,6 +705,66 @@ def run(argv):
         from torch.nn.parallel import DistributedDataParallel
         train_model = DistributedDataParallel(train_model, device_ids=[dev.index] if use_cuda else None)
     peak = next((v for k, v in PEAK_FLOPS.items() if use_cuda and k in torch.cuda.get_device_name(dev)), None)
+    return train_model, autocast, peak
+
+
+def main(argv):
+    """Train as the settings in argv say; the folder locks taken on the way are dropped when it returns or raises."""
+    try:
+        return run(argv)
+    finally:
+        if RUN.get("made"):  # a run that ended before its first checkpoint leaves no folder; done under its lock
+            remove_unused(*RUN.pop("made"))
+        for key in ("out_lock", "data_lock"):
+            if RUN.get(key):
+                RUN.pop(key).close()
+
+
+def run(argv):
+    """Plan, data, model, then the training loop; returns the last evaluation's record (None for a dry run)."""
+    s, model_overrides = resolve_settings(argv)
+    RUN["ckpt"], RUN["eval_interval"] = os.path.join(s["out_dir"], CKPT), s["eval_interval"]  # until the plan knows iters
+    ddp, rank, _, world = ranks()  # (False, 0, _, 1) without torchrun
+    master = rank == 0
+    log = print if master else (lambda *a, **k: None)
+
+    # the plan: printed, and all a dry run does
+    meta, model_config, flops_per_token, iters, tokens = plan(s, model_overrides, world, log)
+    if s["dry_run"]:
+        return None
+    T = model_config.block_size
+
+    # the device (DDP starts here), out_dir and what CORE needs
+    # what out_dir_problem will make, seen before any rank makes it (init_process_group waits for every rank)
+    made = missing_top(s["out_dir"]) if master else None
+    dev = setup_device(s)
+    ckpt_path = RUN["ckpt"]
+    claim_out_dir(s, made, master, ckpt_path)
+    if s["core_eval"] and master:  # the bundle and the tokenizer before training, not after it
+        from eval import load_bundle
+        core_bundle, core_tokenizer = load_bundle(s["eval_bundle"] or None, flag="--eval_bundle"), load_tokenizer(s["data_dir"])
+    accum = s["total_batch_tokens"] // (s["device_batch_size"] * T * world)
+    log(f"plan: {s['total_batch_tokens']:,} tokens/step = {s['device_batch_size']} x {T} tokens x {accum} accumulation x {world} ranks")
+
+    # data
+    loader, val, token_bytes, tok_sha, data_counts = load_data(s, meta, model_config, tokens, log)
+
+    # model and optimisers, restored with --resume
+    torch.manual_seed(s["seed"])
+    random.seed(s["seed"])
+    np.random.seed(s["seed"])
+    model = GPT(model_config, device=dev)
+    optimizers = model.configure_optimizers(s["matrix_lr"], s["embedding_lr"], s["unembedding_lr"],
+                                            s["scalar_lr"], s["table_lr"], s["weight_decay"])
+    # the logged loss: a debiased moving average from step smooth_from
+    step, metrics, smooth, smooth_from = restore(ckpt_path, s, model_config, model, optimizers, loader, tok_sha,
+                                                 data_counts, iters, log)
+    metrics_path = os.path.join(s["out_dir"], "metrics.jsonl")
+    if master and s["resume"]:  # the checkpoint's metrics, without any logged after it
+        write_jsonl(metrics_path, metrics)
+    elif master and os.path.exists(metrics_path):  # left by a run that saved no checkpoint: they belong to no model
+        os.remove(metrics_path)
+    train_model, autocast, peak = training_model(s, model, dev, ddp)
 
     def checkpoint(step, smooth):
         """ckpt.pt, then metrics.jsonl to match it; a Ctrl-C meanwhile is raised once both are written."""
