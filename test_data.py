@@ -416,6 +416,20 @@ def test_the_hub_and_gpt2_checks_go_through_a_proxy(monkeypatch):
         pd._check_hub()
 
 
+def test_the_gpt2_check_asks_the_proxy_too(tmp_path, monkeypatch):
+    """tiktoken downloads the gpt2 files through $https_proxy: without them in its cache, the check asks the proxy."""
+    for var in ("http_proxy", "HTTP_PROXY", "HTTPS_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("https_proxy", "127.0.0.1:9")
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty_cache"))
+    asked = []
+    monkeypatch.setattr(pd, "reachable", lambda host, port, timeout: asked.append((host, port)) or False)
+    with pytest.raises(pd.DataError, match=r"^the gpt2 tokenizer is not in tiktoken's cache and "
+                                           r"openaipublic.blob.core.windows.net:443 via proxy 127.0.0.1:9 is unreachable; "):
+        pd.gpt2_tokenizer_json()
+    assert asked == [("127.0.0.1", 9)]
+
+
 def test_gpt2_tokenizer_offline(tmp_path, monkeypatch):
     pattern, _ = write_corpus(tmp_path)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty_cache"))
@@ -442,6 +456,7 @@ def test_bad_input_is_one_line(tmp_path):
         pd.load_meta(tmp_path / "a")
     assert pd.prepare_command("data/climbmix") == "python prepare_data.py --source=climbmix"  # what config/paper_135m.py reads
     assert pd.prepare_command("./data/shakespeare") == "python prepare_data.py"
+    assert pd.prepare_command("data/files") == "python prepare_data.py --source=files:GLOB"  # --source=files alone is refused
     assert "unknown --source" in prep("--source", "nope", "--data_dir", tmp_path / "a")  # train.py's name for the folder
     assert "at most 2^32" in prep("--vocab_size", "1e12", "--out_dir", tmp_path / "a")
     assert not (tmp_path / "a").exists()

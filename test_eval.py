@@ -489,15 +489,21 @@ def test_download_once_into_the_cache(tmp_path, monkeypatch, capsys):
         server.shutdown()
 
 
-def test_a_bundle_behind_a_proxy_is_reachable_through_the_proxy(monkeypatch):
-    """urlopen goes through $https_proxy; the reachability check must ask the proxy, not the (unresolvable) host."""
+def test_a_bundle_behind_a_proxy_is_reachable_through_the_proxy(tmp_path, monkeypatch):
+    """urlopen goes through $https_proxy; the reachability check must ask the proxy, not the (unresolvable) host,
+    and name the proxy when it is the one that is down."""
     with socket.socket() as proxy:
         proxy.bind(("127.0.0.1", 0))
         proxy.listen()
-        monkeypatch.setattr(ev.urllib.request, "getproxies", lambda: {"https": f"http://127.0.0.1:{proxy.getsockname()[1]}"})
+        port = proxy.getsockname()[1]
+        monkeypatch.setattr(ev.urllib.request, "getproxies", lambda: {"https": f"http://127.0.0.1:{port}"})
         assert ev.url_reachable("https://bundle.example.invalid/eval_bundle.zip", timeout=2)
-        monkeypatch.setattr(ev.urllib.request, "getproxies", lambda: {})
-        assert not ev.url_reachable("https://bundle.example.invalid/eval_bundle.zip", timeout=2)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("BOV_EVAL_BUNDLE_URL", "https://bundle.example.invalid/eval_bundle.zip")
+    with pytest.raises(ev.EvalError, match=rf" and bundle.example.invalid:443 via proxy 127.0.0.1:{port} is unreachable; "):
+        ev.get_bundle()  # the proxy is down
+    monkeypatch.setattr(ev.urllib.request, "getproxies", lambda: {})
+    assert not ev.url_reachable("https://bundle.example.invalid/eval_bundle.zip", timeout=2)
 
 
 def test_host_out_of_memory_names_batch_size(tmp_path, monkeypatch):
@@ -510,13 +516,31 @@ def test_host_out_of_memory_names_batch_size(tmp_path, monkeypatch):
     monkeypatch.setattr(ev.GPT, "from_checkpoint", classmethod(lambda cls, *a: (model, {})))
     monkeypatch.setattr(ev, "checkpoint_tokenizer", lambda *a: None)
 
-    def oom(*a):
-        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
-                           "you tried to allocate 68719476736 bytes. Error code 12 (Cannot allocate memory)")
-    monkeypatch.setattr(ev, "evaluate_core", oom)
+    for error in (RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                               "you tried to allocate 68719476736 bytes. Error code 12 (Cannot allocate memory)"),
+                  MemoryError("Unable to allocate 64.0 GiB for an array")):  # Python's or numpy's
+        def oom(*a):
+            raise error
+        monkeypatch.setattr(ev, "evaluate_core", oom)
+        with pytest.raises(SystemExit) as e:
+            ev.main(["--ckpt", str(ckpt), "--device", "cpu", "--bundle", str(bundle), "--batch_size", "4"])
+        assert e.value.code == "eval.py: error: out of memory on cpu; lower --batch_size (now 4)"
+
+
+def test_a_run_folder_is_read_as_its_ckpt_pt(tmp_path, monkeypatch):
+    """--ckpt may name the run's folder (nanoGPT's --out_dir habit): its ckpt.pt is loaded, not refused as a folder."""
+    bundle = write_bundle(tmp_path / "b", {"copa": fixture_items("copa", 5)})
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "ckpt.pt").write_bytes(b"")
+    loaded = []
+    model = type("M", (), {"config": type("C", (), {"vocab_size": 128})})()
+    monkeypatch.setattr(ev.GPT, "from_checkpoint", classmethod(lambda cls, path, *a: loaded.append(path) or (model, {})))
+    monkeypatch.setattr(ev, "checkpoint_tokenizer", lambda *a: None)
+    monkeypatch.setattr(ev, "evaluate_core", lambda *a: (_ for _ in ()).throw(ValueError("stop here")))
     with pytest.raises(SystemExit) as e:
-        ev.main(["--ckpt", str(ckpt), "--device", "cpu", "--bundle", str(bundle), "--batch_size", "4"])
-    assert e.value.code == "eval.py: error: out of memory on cpu; lower --batch_size (now 4)"
+        ev.main(["--ckpt", str(run), "--device", "cpu", "--bundle", str(bundle), "--tasks", "copa"])
+    assert e.value.code == "eval.py: error: stop here" and loaded == [str(run / "ckpt.pt")]
 
 
 def test_sigterm_during_the_download_leaves_no_partial_file(tmp_path):

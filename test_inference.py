@@ -558,6 +558,8 @@ def test_bench_size_follows_the_device_and_the_command_is_quoted(monkeypatch):
     assert bench.parse_args(["--device", "cpu", "--threads", "1"]).size == "cpu"
     assert bench.parse_args(["--device", "cuda:1", "--threads", "1"]).size == "paper_135m"
     assert bench.parse_args(["--threads", "1"]).size == "paper_135m"  # the default device is then cuda
+    assert bench.parse_args(["--device", "cuda", "--size", "cpu", "--threads", "1"]).size == "cpu"  # a --size given wins
+    assert bench.parse_args(["--device", "cpu", "--size", "paper_780m", "--threads", "1"]).size == "paper_780m"
 
 
 def test_bench_bad_arguments_are_one_line_errors(capsys):

@@ -82,6 +82,9 @@ def test_dry_run_takes_the_vocabulary_the_real_run_would(data_dir, capsys):
     assert '"vocab_size": 300' in out and "WARNING" not in out
     train.main([*TINY, f"--data_dir={data_dir}", "--max_iters=2", "--dry_run"])  # TINY warms up over 2 steps
     assert "WARNING: warmup_iters=2 is not below the run's 2 iterations: the whole run is warm-up" in capsys.readouterr().out
+    train.main(["--dry_run", "--data_dir=/nonexistent"])  # no data: the default cpu size's own vocabulary, not the paper's
+    assert capsys.readouterr().out.startswith("note: /nonexistent is not prepared yet (`python prepare_data.py --source=... "
+                                              "--out_dir=/nonexistent`); this plan assumes vocab_size 4096, the size's\n")
 
 
 def test_a_run_past_one_epoch_is_warned_of_in_the_dry_run_too(data_dir, capsys):
@@ -97,6 +100,19 @@ def test_whole_numbers_are_read_in_any_notation():
     for text, value in (("5", 5), ("5.0", 5), ("5e0", 5), ("2e9", 2_000_000_000), ("+7", 7), ("-2", -2),
                         ("123456789012345678901", 123456789012345678901), ("9" * 400, int("9" * 400))):
         assert train._parse_value("max_iters", text, 1) == value, text
+
+
+def test_nanogpts_names_are_answered_and_a_config_files_unknown_names_all_listed(tmp_path):
+    """Each of nanoGPT's setting names gets ours; a config file's unknown names are all listed, the hint for the first."""
+    for name in ("batch_size", "gradient_accumulation_steps", "learning_rate", "min_lr", "lr_decay_iters", "init_from",
+                 "eval_iters", "wandb_log"):
+        with pytest.raises(train.ConfigError, match=f"^unknown setting --{name}; nanoGPT's {name} is "):
+            train.resolve_settings([f"--{name}=1"])
+    config = tmp_path / "nanogpt_style.py"
+    config.write_text("learning_rate = 6e-4\nbatch_size = 12\n")
+    with pytest.raises(train.ConfigError, match=f"^unknown settings learning_rate, batch_size in config file {config}; "
+                                                "nanoGPT's learning_rate is matrix_lr "):
+        train.resolve_settings([str(config)])
 
 
 def test_budget_arithmetic():
@@ -403,6 +419,8 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
         "other settings (target_flops=0 there, 1e+07 here, max_iters=2 there, 0 here); use the same ones (--max_iters=2) "
         "(the learning-rate schedule is planned from the budget, so a run cannot be lengthened)")  # flags to paste
     assert "matrix_lr=0.02 there, 0.03 here" in error([*base, "--resume", "--matrix_lr=0.03"])
+    assert "matrix_lr=0.02 there, 0.0123456789 here); use the same ones (--matrix_lr=0.02)" in error(
+        [*base, "--resume", "--matrix_lr=0.0123456789"])  # every digit where 6 would not give the number back
     assert open(ckpt, "rb").read() == before
     open(ckpt, "wb").write(before[:len(before) // 2])                       # truncated
     assert "truncated or not a checkpoint" in error([*base, "--resume"])
@@ -420,6 +438,9 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
                             ({**good, "smooth_loss": "4.2"}, "is damaged ('smooth_loss' is not a float)")]:
         torch.save(saved, ckpt)
         assert f"--resume: {ckpt} {expected}" == error([*base, "--resume"])
+    before_table_lr = {k: v for k, v in good["train_config"].items() if k != "table_lr"}  # a checkpoint from before a setting
+    torch.save({**good, "train_config": before_table_lr}, ckpt)
+    assert f"--resume: {ckpt} was trained with other settings (table_lr=None there, " in error([*base, "--resume"])
     # the data folder is compared as a folder: the same data by another path resumes, other data does not
     open(ckpt, "wb").write(before)
     link = tmp_path / "same_data"
@@ -695,6 +716,42 @@ def test_a_run_stopped_between_making_its_out_dir_and_training_leaves_no_folder(
         with pytest.raises((train.ConfigError, ev.EvalError)):
             train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=2", *args])
         assert not (tmp_path / "new").exists(), name
+
+
+def test_every_rank_checks_out_dir_and_only_rank_0_claims_it(tmp_path, monkeypatch):
+    """Under torchrun each rank refuses an unusable --out_dir itself (else the others die in DDP's constructor,
+    waiting for rank 0); only rank 0 locks the folder and takes it for main() to remove after a failed start."""
+    monkeypatch.setattr(train, "RUN", {"ckpt": None})
+    (tmp_path / "afile").write_text("")
+    for master in (True, False):
+        with pytest.raises(train.ConfigError, match=f"^--out_dir {tmp_path / 'afile'} is a file, not a folder$"):
+            train.claim_out_dir({"out_dir": str(tmp_path / "afile"), "data_dir": str(tmp_path / "data")}, None, master,
+                                str(tmp_path / "afile" / "ckpt.pt"))
+    out = str(tmp_path / "run")
+    s = {"out_dir": out, "data_dir": str(tmp_path / "data")}
+    train.claim_out_dir(s, out, False, os.path.join(out, "ckpt.pt"))  # rank 1: the folder is made, nothing held
+    assert os.path.isdir(out) and train.RUN == {"ckpt": None}
+    train.claim_out_dir(s, out, True, os.path.join(out, "ckpt.pt"))  # rank 0
+    assert train.RUN["made"] == (out, out) and train.RUN.pop("out_lock").close() is None
+
+
+def test_a_stopped_run_removes_its_out_dir_before_it_unlocks_it(data_dir, tmp_path, monkeypatch):
+    """Unlocked first, the folder could be claimed by another train.py and then removed under it."""
+    import prepare_data as pd
+    held = []
+
+    def remove_unused(folder, top, real=train.remove_unused):
+        try:  # flock: a second open file of this process conflicts with the run's own lock
+            pd.lock_folder(folder, True, "busy").close()
+            held.append(False)
+        except pd.DataError:
+            held.append(True)
+        real(folder, top)
+    monkeypatch.setattr(train, "remove_unused", remove_unused)
+    out = tmp_path / "new" / "run"
+    with pytest.raises(train.ConfigError, match="smaller than the data's vocabulary"):
+        train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=2", "--vocab_size=100"])
+    assert held == [True] and not (tmp_path / "new").exists()
 
 
 def test_ctrl_c_during_a_save_waits_for_it():

@@ -490,14 +490,15 @@ def load_resume(path, s, model_config, tok_sha, data_counts):
                   "embedding_lr", "unembedding_lr", "scalar_lr", "table_lr", "weight_decay", "warmup_iters",
                   "warmdown_frac", "final_lr_frac")
     saved, budgets = ckpt["train_config"], ("target_flops", "target_tokens", "max_iters")
-    show = lambda v: f"{v:g}" if isinstance(v, float) else repr(v)
+    # short where exact (1e+07, not 10000000.0), every digit where not (0.0123456789)
+    show = lambda v: (f"{v:g}" if float(f"{v:g}") == v else repr(v)) if isinstance(v, float) else str(v)
     differ = [k for k in must_match if saved.get(k) != s[k]]
     if differ:
         diff = ", ".join(f"{k}={show(saved.get(k))} there, {show(s[k])} here" for k in differ)
         # the flags that give the checkpoint's settings (a budget left 0 there follows from the one given)
-        flags = " ".join(f"--{k}={saved[k]:g}" if isinstance(saved[k], float) else f"--{k}={saved[k]}"
-                         for k in differ if k in saved and not (k in budgets and not saved[k]))
-        raise ConfigError(f"--resume: {path} was trained with other settings ({diff}); use the same ones ({flags})"
+        flags = " ".join(f"--{k}={show(saved[k])}" for k in differ if k in saved and not (k in budgets and not saved[k]))
+        raise ConfigError(f"--resume: {path} was trained with other settings ({diff}); use the same ones"
+                          + (f" ({flags})" if flags else "")
                           + (" (the learning-rate schedule is planned from the budget, so a run cannot be lengthened)"
                              if any(k in budgets for k in differ) else ""))
     return ckpt
