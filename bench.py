@@ -59,7 +59,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from torch.utils.weak import WeakIdKeyDictionary
 
-from model import GPT, GPTConfig, SIZES, VARIANTS, first_line, out_of_memory
+from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory
 from prepare_data import atomic_write, out_dir_problem, silence_stdout
 from sample import autocast, check_device, resolve_dtype
 
@@ -300,13 +300,23 @@ def paired(a, b):
     return dict(a=statistics.median(a), b=statistics.median(b), ratio=statistics.median(ratios), ratio_q1=q1, ratio_q3=q3)
 
 
-def measure(benches, contexts, steps, rounds, log):
+def compiled_graphs():
+    """Graphs torch.compile has made so far in this process (torch._dynamo is imported only under --compile)."""
+    from torch._dynamo.utils import counters
+    return counters["stats"]["unique_graphs"]
+
+
+def measure(benches, contexts, steps, rounds, log, compiled=False):
     """Interleaved timings: after one warm-up round, `rounds` rounds of A and B for every measurement,
-    the order alternating from round to round (A B, B A, ...)."""
+    the order alternating from round to round (A B, B A, ...). Compiled models compile every graph
+    the timed rounds use in the warm-up; out["recompiled"] counts any made after it (None: eager)."""
     runs = {("decode", c): ([], []) for c in contexts} | {("prefill", c): ([], []) for c in contexts}
     runs["train_ms"] = ([], [])
+    warm = None
     for r in range(rounds + 1):
-        log(f"round {r}/{rounds}" + (" (warm-up)" if r == 0 else ""))
+        if r == 1 and compiled:
+            warm = compiled_graphs()
+        log(f"round {r}/{rounds}" + (" (warm-up" + (", compiling every graph" if compiled else "") + ")" if r == 0 else ""))
         order = (0, 1) if r % 2 else (1, 0)  # A B, then B A: neither always runs first, on colder caches
         for c in contexts:
             prefill, decode = time_decode(benches, c, steps, order)
@@ -325,6 +335,7 @@ def measure(benches, contexts, steps, rounds, log):
     out["train_step_ms"] = paired(*runs["train_ms"])
     out["per_round"] = {"decode": dict(zip(map(str, contexts), (runs["decode", c] for c in contexts))),
                      "train_ms": runs["train_ms"]}
+    out["recompiled"] = compiled_graphs() - warm if compiled and warm is not None else None
     log("peak memory")
     mem = [bench.memory(max(contexts), steps) for bench in benches]
     out["peak_bytes"] = {"decode": dict(a=mem[0][0], b=mem[1][0], ratio=mem[1][0] / mem[0][0]),
@@ -570,8 +581,11 @@ def report(r):
     lines.append(f"  B/A bytes per token {c['ratio_per_token']:.6f}, expected ((2L - n_vfree) d s + ids) of B over A "
                  f"{c['ratio_expected']:.6f}")
     s = r["speed"]
-    lines += ["", f"Speed and memory ({s['rounds_run']} rounds, A and B interleaved, alternating order; medians; "
+    compiled = "torch.compile'd, " if s.get("compile") else ""  # (--json files from before --compile have no key)
+    lines += ["", f"Speed and memory ({compiled}{s['rounds_run']} rounds, A and B interleaved, alternating order; medians; "
               f"B/A = median and quartiles of the per-round ratios)"]
+    if s.get("recompiled"):
+        lines.append(f"  WARNING: {s['recompiled']} graphs were compiled after the warm-up: those rounds' timings include compiling")
     rows = []  # (label, A, B, measurement), formatted once every column's width is known
 
     def add_row(label, m, fmt):
@@ -638,6 +652,8 @@ def parse_args(argv=None):
                    help="autocast dtype of the measured runs; auto = bfloat16 (float16 without bf16) on CUDA, float32 elsewhere")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
                    help="torch CPU threads (default: the cores this process may use)")
+    p.add_argument("--compile", action="store_true", help="torch.compile both presets' decoders (dynamic shapes) and "
+                   "train models; the warm-up round compiles every graph the timed rounds use (minutes on a CPU)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
     p.add_argument("--plot", action="store_true", help="write fig5a.png; given metrics files, also val_curves.png and "
                    "coefficients.png, without running the benchmark")
@@ -694,13 +710,17 @@ def run(args, log):
     log("building the models")
     benches = [Bench(args.size, v, overrides, max(args.contexts), args.batch, args.device, dtype, args.decode_batch)
                for v in args.variants]
+    if args.compile:  # in place, as sample.py --compile: dynamic shapes for the growing cache
+        for bench in benches:
+            bench.decoder.compile(dynamic=True)
+            bench.train_model.compile()
     log("counting FLOPs")
     fa, fb = (measured_flops(bench.train_cfg, args.device) for bench in benches)
     r["flops_measured"] = dict(a=fa, b=fb, ratio=fb["measured"] / fa["measured"], tokens=benches[0].train_cfg.block_size)
     r["cache_allocated"] = cache_allocated(benches, max(args.contexts))
-    speed = measure(benches, args.contexts, args.steps, args.rounds, log)
+    speed = measure(benches, args.contexts, args.steps, args.rounds, log, compiled=args.compile)
     r["speed"] = dict(speed, steps=args.steps, rounds_run=args.rounds, batch=args.batch, decode_batch=args.decode_batch,
-                      train_block_size=benches[0].train_cfg.block_size)
+                      train_block_size=benches[0].train_cfg.block_size, compile=args.compile)
     return r
 
 
@@ -738,6 +758,8 @@ def main(argv=None):
     except Exception as e:
         if out_of_memory(e):
             sys.exit(f"bench.py: error: out of memory ({first_line(e)}); lower --decode_batch, --batch or the largest of --contexts")
+        if args.compile and compile_failed(e):
+            sys.exit(f"bench.py: error: torch.compile failed ({first_line(e)}); run without --compile")
         if not isinstance(e, (BenchError, ValueError, OSError)):
             raise
         sys.exit(f"bench.py: error: {first_line(e, None)}")

@@ -374,6 +374,7 @@ def test_bench_json_has_every_field(bench_json):
         assert abs(f[k]["measured"] / f[k]["estimate"] - 1) < 0.02
     assert f["ratio"] < 1  # BoV runs no W_V matmul in its table layers
     s = r["speed"]
+    assert s["compile"] is False and s["recompiled"] is None  # eager unless --compile
     for key in ("decode_tok_s", "prefill_tok_s"):
         assert set(s[key]) == {"16", "40"}
         for m in s[key].values():
@@ -550,6 +551,27 @@ def test_bench_plots_and_metrics(tmp_path, capsys, monkeypatch):
         with pytest.raises(SystemExit) as e:
             bench.main(["--plot", "--plot_dir", str(tmp_path), str(tmp_path / "bad.jsonl")])
         assert e.value.code.startswith("bench.py: error: ") and expected in e.value.code and "\n" not in e.value.code
+
+
+def test_bench_compile_compiles_every_graph_in_the_warm_up(monkeypatch, capsys):
+    """--compile: both presets' decoders and train models are compiled, every graph in the warm-up round, none
+    in the timed rounds (their timings would include compiling). Dynamo's eager backend keeps it fast here;
+    the inductor run is in the README."""
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: real(*a, **{**k, "backend": "eager"}))
+    from torch._dynamo.utils import counters
+    threads, before = torch.get_num_threads(), counters["stats"]["unique_graphs"]
+    try:
+        bench.main(["--quick", "--config", "n_layer=3,n_embd=32,n_head=2,vocab_size=97,block_size=32", "--contexts", "16",
+                    "--json", "--threads", "1", "--compile"])
+    finally:
+        torch.set_num_threads(threads)
+    r = json.loads(capsys.readouterr().out)
+    assert r["speed"]["compile"] is True and r["speed"]["recompiled"] == 0
+    assert counters["stats"]["unique_graphs"] - before >= 4  # prefill and step of each decoder at least, and the train steps
+    assert "torch.compile'd, 1 rounds" in bench.report(r) and "WARNING" not in bench.report(r)
+    r["speed"]["recompiled"] = 3
+    assert "WARNING: 3 graphs were compiled after the warm-up" in bench.report(r)
 
 
 def test_bench_size_follows_the_device_and_the_command_is_quoted(monkeypatch):
