@@ -287,6 +287,10 @@ def test_a_failed_compile_is_one_line(tiny, monkeypatch):
         sample.main(["--ckpt", path, "--max_new_tokens", "3", "--compile"])
     assert e.value.code == ("sample.py: error: torch.compile failed (InvalidCxxCompiler: No working C++ compiler found); "
                             "run without --compile")
+    with pytest.raises(SystemExit) as e:  # bench.py the same way
+        bench.main(["--quick", "--config", TINY, "--contexts", "16", "--threads", "1", "--compile"])
+    assert e.value.code == ("bench.py: error: torch.compile failed (InvalidCxxCompiler: No working C++ compiler found); "
+                            "run without --compile")
 
 
 def test_a_full_or_closed_stdout_is_one_line(tiny):
