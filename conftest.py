@@ -9,6 +9,7 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+import signal  # noqa: E402
 import subprocess  # noqa: E402
 
 import pytest  # noqa: E402
@@ -33,10 +34,13 @@ def kill_leftover_processes(monkeypatch):
     class Tracked(subprocess.Popen):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            started.append(self)
+            started.append((self, kwargs.get("start_new_session", False)))
     monkeypatch.setattr(subprocess, "Popen", Tracked)
     yield
-    for p in started:
+    for p, own_group in started:
         if p.poll() is None:
-            p.kill()
+            if own_group:  # torchrun and its ranks: the whole process group
+                os.killpg(p.pid, signal.SIGKILL)
+            else:
+                p.kill()
             p.wait()

@@ -563,17 +563,24 @@ def test_bench_compile_compiles_every_graph_in_the_warm_up(monkeypatch, capsys):
     the inductor run is in the README."""
     real = torch.compile
     monkeypatch.setattr(torch, "compile", lambda *a, **k: real(*a, **{**k, "backend": "eager"}))
+    import torch._dynamo as dynamo
     from torch._dynamo.utils import counters
+    dynamo.reset()  # no graphs or limits from earlier tests
     threads, before = torch.get_num_threads(), counters["stats"]["unique_graphs"]
+    limits = dynamo.config.recompile_limit, dynamo.config.fail_on_recompile_limit_hit
     try:
         bench.main(["--quick", "--config", "n_layer=3,n_embd=32,n_head=2,vocab_size=97,block_size=32", "--contexts", "16",
                     "--json", "--threads", "1", "--compile"])
     finally:
         torch.set_num_threads(threads)
+        dynamo.config.recompile_limit, dynamo.config.fail_on_recompile_limit_hit = limits
+        dynamo.reset()
     r = json.loads(capsys.readouterr().out)
     assert r["speed"]["compile"] is True and r["speed"]["recompiled"] == 0
+    assert r["speed"]["peak_bytes"] is None  # on the CPU not measurable compiled: not reported as if it were
     assert counters["stats"]["unique_graphs"] - before >= 4  # prefill and step of each decoder at least, and the train steps
     assert "torch.compile'd, 1 rounds" in bench.report(r) and "WARNING" not in bench.report(r)
+    assert "(peak memory not measured: on the CPU" in bench.report(r)
     r["speed"]["recompiled"] = 3
     assert "WARNING: 3 graphs were compiled after the warm-up" in bench.report(r)
 
