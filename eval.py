@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import GPT, checkpoint_file, first_line, no_checkpoint, out_of_memory
-from prepare_data import DataError, connection_text, not_utf8, silence_stdout, url_reachable, write_json
+from prepare_data import DataError, connection_text, is_http_url, not_utf8, silence_stdout, url_reachable, write_json
 from sample import check_device, checkpoint_tokenizer
 
 EVAL_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
@@ -139,15 +139,6 @@ def get_bundle(path=None, flag="--bundle"):
         raise EvalError(f"BOV_EVAL_BUNDLE_URL={url!r} is not an http(s) URL")
     download_bundle(url, dest, flag)
     return dest
-
-
-def is_http_url(url):
-    try:
-        parts = urllib.parse.urlsplit(url)
-        parts.port  # raises ValueError for a port that is not a number
-    except ValueError:
-        return False
-    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def download_bundle(url, dest, flag="--bundle"):

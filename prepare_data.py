@@ -407,6 +407,16 @@ def connect_target(url):
     return _host_port(u)
 
 
+def is_http_url(url):
+    """Whether url is an http(s) URL with a host (and a port, if any, that is a number)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # raises ValueError for a port that is not a number
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
 def url_reachable(url, timeout=3.0):
     """True if the connection a request for url would open (through a proxy if one is set) opens in time."""
     return reachable(*connect_target(url), timeout)
@@ -427,12 +437,7 @@ def _check_hub():
         if os.environ.get(var, "0").lower() not in ("", "0", "false", "no", "off"):
             raise DataError(f"the Hugging Face hub is unreachable ({var} is set); {OFFLINE_HINT}")
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    try:
-        url = urllib.parse.urlsplit(endpoint)
-        url.port  # a port that is not a number raises here
-    except ValueError:
-        url = None
-    if url is None or not url.hostname or url.scheme not in ("http", "https"):
+    if not is_http_url(endpoint):
         raise DataError(f"HF_ENDPOINT={endpoint!r} is not an http(s) URL")
     if not url_reachable(endpoint):
         raise DataError(f"the Hugging Face hub ({connection_text(endpoint)}) is unreachable; {OFFLINE_HINT}")
@@ -743,12 +748,15 @@ def encode_split(split, source, enc, state, out_dir, shard_tokens, budget, threa
         docs_done += buf_docs
         buf, buf_tokens, buf_docs = [], 0, 0
 
+    def show_rate(bar):
+        bar.set_postfix_str(f"{docs_done + buf_docs} docs, {nbytes / 1e6 / (time.time() - t0):.1f} MB/s")
+
     def encoded_rows(bar):
         """(row index, text, token ids) of the split's rows from start on, encoded a batch at a time."""
         for batch in batches():
             ids = enc.encode_ordinary_batch([text for _, text in batch], num_threads=threads)
             yield from ((i, text, doc) for (i, text), doc in zip(batch, ids))
-            bar.set_postfix_str(f"{docs_done + buf_docs} docs, {nbytes / 1e6 / (time.time() - t0):.1f} MB/s")
+            show_rate(bar)
 
     def budget_met():
         return budget is not None and total >= budget
@@ -767,7 +775,7 @@ def encode_split(split, source, enc, state, out_dir, shard_tokens, budget, threa
                 flush(i + 1)
             if budget_met():
                 break
-        bar.set_postfix_str(f"{docs_done + buf_docs} docs, {nbytes / 1e6 / (time.time() - t0):.1f} MB/s")  # a budget stops mid-batch
+        show_rate(bar)  # also where a budget stopped mid-batch
     if buf:
         flush(last_row + 1)
     state[split + "_done"] = True
