@@ -505,7 +505,8 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path, monkeypat
                            ("--device=meta", "--device=meta holds no data"),
                            ("--max_iters=2.5e0", "--max_iters: expected a whole number, got '2.5e0'"),
                            ("--seed=4294967296", "--seed must be below 2^32"),
-                           ("--n_layer", "--n_layer needs a value: --n_layer=VALUE"),   # not "--n_layer 3" 
+                           ("--n_layer", "--n_layer needs a value: --n_layer=VALUE"),   # not "--n_layer 3"
+                           ("--dry_run=", "--dry_run: expected true/false, got ''"),  # not read as true
                            ("--device=xla", "--device xla is not usable here: this torch build has no xla backend")):
         assert expected in error([*base, flag]), flag
     assert "--max_iters must be positive, got 0" in error([*TINY, f"--data_dir={data_dir}", "--max_iters=0"])

@@ -112,7 +112,7 @@ def _parse_value(key, text, like):
     if key == "bov_layers":  # a name or "4,5": GPTConfig reads both, and says what else it takes
         return text
     if isinstance(like, bool):
-        if text.lower() in ("1", "true", "yes", "on", ""):
+        if text.lower() in ("1", "true", "yes", "on"):  # a bare --flag arrives here as "true"; --flag= is refused
             return True
         if text.lower() in ("0", "false", "no", "off"):
             return False
