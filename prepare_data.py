@@ -55,8 +55,8 @@ from tqdm import tqdm
 DEFAULT_DATA_DIR = "data/shakespeare"
 FORMAT = 1  # version of the whole layout (meta.json, tokenizer.json, shards)
 
-# the GPT-4 (cl100k) split pattern
-SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+# nanochat's split pattern (the paper's tokenizer): GPT-4's (cl100k) with digits in runs of 1-2, not 1-3
+SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
 BOS = "<|bos|>"
 
 # Shakespeare: these whole plays are the validation split (one tragedy, one comedy, one history)

@@ -106,6 +106,9 @@ def test_tokenizer_roundtrip_unicode(corpus):
         assert tok.bos_id not in ids
         assert tok.decode(ids) == s
         assert tok.decode(np.array(ids, dtype=np.uint16)) == s
+    # nanochat's split pattern: digits in runs of at most two, so "1234567" (frequent here) is learned in pairs
+    digit_tokens = {tok.decode([i]) for i in tok.encode("1234567")}
+    assert digit_tokens == {"12", "34", "56", "7"}, digit_tokens
 
 
 def test_documents_bos_and_disjoint_split(corpus):
