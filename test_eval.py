@@ -171,6 +171,10 @@ def test_multiple_choice_ranks_by_loss_per_byte_not_per_token_or_summed():
     assert [ev.per_byte(loss, row, tok) for loss, row in zip(losses, rows)] == pytest.approx([(GOOD + BAD) / 2, 2 * BAD / 6])
     assert ev.evaluate_task(RuleModel(), tok, "copa", [item]) == 1.0
     assert ev.evaluate_task(RuleModel(), tok, "copa", [dict(item, gold=0)]) == 0.0
+    # a tie goes to the first of the tied choices (argmin), so an untrained model is not biased to the last
+    tie = {"query": "question 0", "choices": ["zq", "zq"], "gold": 0}
+    assert ev.evaluate_task(RuleModel(), tok, "copa", [tie]) == 1.0
+    assert ev.evaluate_task(RuleModel(), tok, "copa", [dict(tie, gold=1)]) == 0.0
 
 
 def test_bytes_per_choice_count_a_character_split_between_the_prefix_and_the_span():
@@ -328,8 +332,11 @@ def test_the_21_tasks_of_the_paper():
     kinds = {k: sorted(t for t in ev.TASKS if ev.TASKS[t].kind == k) for k in ("mc", "schema", "lm")}
     assert kinds["schema"] == ["winograd", "winogrande"]
     assert len(kinds["mc"]) == 10 and len(kinds["lm"]) == 9
-    assert {t: ev.TASKS[t].shots for t in ("arc_easy", "arc_challenge", "winogrande", "copa", "hellaswag", "agi_eval_lsat_ar", "coqa")} == \
-        {"arc_easy": 25, "arc_challenge": 25, "winogrande": 5, "copa": 0, "hellaswag": 10, "agi_eval_lsat_ar": 3, "coqa": 0}
+    assert {t: ev.TASKS[t].shots for t in ev.TASKS} == {  # nanochat's core.yaml, every task
+        "jeopardy": 10, "bigbench_qa_wikidata": 10, "arc_easy": 25, "arc_challenge": 25, "copa": 0, "commonsense_qa": 10,
+        "piqa": 10, "openbook_qa": 0, "lambada_openai": 0, "hellaswag": 10, "winograd": 0, "winogrande": 5,
+        "bigbench_dyck_languages": 10, "agi_eval_lsat_ar": 3, "bigbench_cs_algorithms": 10, "bigbench_operators": 10,
+        "bigbench_repeat_copy_logic": 10, "squad": 10, "coqa": 0, "boolq": 10, "bigbench_language_identification": 10}
     assert {t for t in ev.TASKS if ev.TASKS[t].delimiter != " "} == {"jeopardy", "arc_easy", "arc_challenge", "piqa", "boolq"}
 
 
@@ -352,6 +359,14 @@ def test_centered_accuracy_and_core(tmp_path):
     assert min(centered) < 0 < max(centered)  # below chance centers below zero
     table = ev.format_table(res)
     assert "CORE (4 of 21 tasks)" in table and f"{res['core']:+.4f}" in table.splitlines()[-1]
+
+
+def test_the_model_leaves_in_the_mode_it_came_in(tmp_path):
+    bundle = write_bundle(tmp_path, {"copa": fixture_items("copa", 4)})
+    for training in (False, True):
+        model = RuleModel().train(training)
+        ev.evaluate_core(model, CharTokenizer(), bundle, tasks=["copa"])
+        assert model.training == training
 
 
 def test_max_per_task_takes_the_first_items_of_a_fixed_shuffle(tmp_path):

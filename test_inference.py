@@ -181,6 +181,37 @@ def test_too_long_prompt_is_cropped_to_the_context_with_a_warning(tiny, capsys):
     assert res.out == greedy_text(model, tok, [tok.bos_id] + ids[-(BLOCK - 1):], 5)
 
 
+def test_a_prompt_of_exactly_the_context_is_kept_whole(tiny, capsys):
+    _, tok, _ = tiny
+    ids = [tok.bos_id] + tok.encode(" ".join(WORDS * 8))
+    text = tok.decode(ids[1:BLOCK])
+    assert len([tok.bos_id] + tok.encode(text)) == BLOCK
+    capsys.readouterr()
+    assert sample.encode_prompt(tok, text, BLOCK) == [tok.bos_id] + tok.encode(text)
+    assert capsys.readouterr().err == ""
+
+
+def test_top_k_1_is_greedy(tiny, capsys):
+    path, tok, model = tiny
+    res = run_sample(capsys, "--ckpt", path, "--start", "the bank", "--max_new_tokens", "20", "--temperature", "1",
+                     "--top_k", "1", "--seed", "3")
+    assert res.out == greedy_text(model, tok, [tok.bos_id] + tok.encode("the bank"), 20)
+
+
+def test_bfloat16_decodes_under_autocast_with_a_bfloat16_cache(tiny, capsys, monkeypatch):
+    path, _, _ = tiny
+    dtypes, new_cache = [], GPT.new_cache
+
+    def spy(self, *args, **kwargs):
+        cache = new_cache(self, *args, **kwargs)
+        dtypes.append(cache.k[0].dtype)
+        return cache
+    monkeypatch.setattr(GPT, "new_cache", spy)
+    res = run_sample(capsys, "--ckpt", path, "--start", "the bank", "--max_new_tokens", "5", "--temperature", "0",
+                     "--dtype", "bfloat16", "--device", "cpu")
+    assert "torch.bfloat16 on cpu" in res.err and dtypes and set(dtypes) == {torch.bfloat16}
+
+
 def test_missing_checkpoint_is_one_line_and_a_nonzero_exit(tmp_path):
     p = subprocess.run([sys.executable, os.path.join(HERE, "sample.py"), "--ckpt", str(tmp_path / "nope.pt")],
                        capture_output=True, text=True, cwd=HERE)

@@ -171,6 +171,134 @@ def test_table_rows_are_rms_norm_wte_times_w_v():
     torch.testing.assert_close(shared.tables[0].weight, expected)
 
 
+
+def test_gamma_v_scales_the_table_values():
+    """eq. 5: v = gamma_v E_v[i], and attention is linear in v: doubling gamma_v and halving W_O of the
+    same layer leaves the logits unchanged; doubling gamma_v alone changes them."""
+    model = build(tiny("bov"))
+    idx = batch(model.config)
+    before, _ = model(idx)
+    attn = model.blocks[4].attn
+    with torch.no_grad():
+        attn.gamma_v.mul_(2)
+        attn.c_proj.weight.div_(2)
+    torch.testing.assert_close(model(idx)[0], before, rtol=1e-10, atol=1e-10)
+    with torch.no_grad():
+        attn.gamma_v.mul_(2)
+    assert (model(idx)[0] - before).abs().max() > 1e-3
+
+
+def test_add_starts_as_standard_attention_and_fixed_add_is_half_half():
+    """Table 1: learned add (a V + b V~, a = 1, b = 0) starts as the baseline; fixed add is 0.5 V + 0.5 V~."""
+    torch.manual_seed(7)
+    base = GPT(tiny("baseline"))
+    torch.manual_seed(7)
+    learned = GPT(tiny("t1_r13"))
+    torch.manual_seed(7)
+    fixed = GPT(tiny("t1_r12"))
+    _same_nonzero_projections(base, learned, fixed)
+    idx = batch(base.config)
+    torch.testing.assert_close(learned(idx)[0], base(idx)[0], rtol=0, atol=0)
+    with torch.no_grad():
+        for i in (4, 5):
+            learned.blocks[i].attn.alpha_v.fill_(0.5)
+            learned.blocks[i].attn.beta_v.fill_(0.5)
+    torch.testing.assert_close(fixed(idx)[0], learned(idx)[0], rtol=0, atol=0)
+
+
+def test_the_gate_is_3_sigmoid_of_the_first_12_channels():
+    """nanochat's gated value embedding, v = V + 3 sigmoid(W_g x[:12]) E[i]: with W_g = 0 the gate is 1.5
+    everywhere, the same model as learned add with a = 1, b = 1.5; W_g reads the layer's normed input."""
+    gated = build(tiny("value_embed_gated", bov_layers=(4, 5)))
+    add = build(tiny("bov_keep_v"))
+    state = {k: v for k, v in gated.state_dict().items() if "ve_gate" not in k}
+    for i in (4, 5):
+        state[f"blocks.{i}.attn.alpha_v"] = torch.ones(1, dtype=torch.float64)
+        state[f"blocks.{i}.attn.beta_v"] = torch.full((1,), 1.5, dtype=torch.float64)
+    add.load_state_dict(state)
+    with torch.no_grad():
+        for i in (4, 5):
+            gated.blocks[i].attn.ve_gate.weight.zero_()
+    idx = batch(gated.config)
+    torch.testing.assert_close(gated(idx)[0], add(idx)[0], rtol=1e-12, atol=1e-12)
+    seen = {}
+    gated.blocks[4].register_forward_pre_hook(lambda m, a: seen.update(block=a[0]))
+    gated.blocks[4].attn.ve_gate.register_forward_pre_hook(lambda m, a: seen.update(gate=a[0]))
+    gated(idx)
+    torch.testing.assert_close(seen["gate"], torch.nn.functional.rms_norm(seen["block"], (48,))[..., :12])
+
+
+def test_v1_variants_train_layer_0_w_v_through_the_later_layers():
+    """V1 is layer 0's V itself, not a detached copy: with layer 0's own output cut (W_O = 0), its W_V
+    still gets a gradient, through the target layers that reuse V1."""
+    torch.manual_seed(0)
+    model = GPT(tiny("t1_r06"))
+    _same_nonzero_projections(model)
+    with torch.no_grad():
+        model.blocks[0].attn.c_proj.weight.zero_()
+    idx = batch(model.config)
+    model(idx, idx)[1].backward()
+    assert model.blocks[0].attn.c_v.weight.grad.abs().sum() > 0
+
+
+def reference_logits(model, idx):
+    """The baseline trunk written out from the README's list (pre-norm RMSNorm blocks, RoPE with base
+    100,000 then QK-norm, relu^2 MLP, final norm, untied head, soft-cap 15), every window full."""
+    F = torch.nn.functional
+    cfg = model.config
+    B, T = idx.shape
+    H, D = cfg.n_head, cfg.head_dim
+    rms = lambda t: F.rms_norm(t, (t.size(-1),))
+    inv_freq = 100_000 ** -(torch.arange(0, D, 2, dtype=torch.float64) / D)
+    angles = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
+    cos, sin = angles.cos()[None, :, None], angles.sin()[None, :, None]    # (1, T, 1, D/2)
+
+    def rope(t):  # (B, T, H, D), the two halves rotated
+        a, b = t[..., :D // 2], t[..., D // 2:]
+        return torch.cat([a * cos + b * sin, b * cos - a * sin], dim=-1)
+
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    x = rms(model.wte.weight[idx])
+    for block in model.blocks:
+        a, h = block.attn, rms(x)
+        q = rms(rope((h @ a.c_q.weight.T).view(B, T, H, D))).transpose(1, 2)  # (B, H, T, D)
+        k = rms(rope((h @ a.c_k.weight.T).view(B, T, H, D))).transpose(1, 2)
+        v = (h @ a.c_v.weight.T).view(B, T, H, D).transpose(1, 2)
+        p = ((q @ k.transpose(-1, -2)) / math.sqrt(D)).masked_fill(~causal, float("-inf")).softmax(-1)
+        x = x + (p @ v).transpose(1, 2).reshape(B, T, H * D) @ a.c_proj.weight.T
+        x = x + F.relu(rms(x) @ block.mlp.c_fc.weight.T).square() @ block.mlp.c_proj.weight.T
+    return 15 * torch.tanh(rms(x) @ model.lm_head.weight.T / 15)
+
+
+def test_the_baseline_trunk_equals_its_written_out_formula():
+    model = build(tiny("baseline", window_pattern="L", block_size=64))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)  # logits past the soft-cap's knee
+    idx = batch(model.config, T=64)
+    logits, _ = model(idx)
+    assert logits.abs().max() > 10
+    torch.testing.assert_close(logits, reference_logits(model, idx).float(), rtol=1e-5, atol=1e-5)
+
+
+def test_initial_weights_follow_the_documented_distributions():
+    """GPT.init_weights' docstring, at d = 192 (enough entries for the moments to be within a few per cent)."""
+    torch.manual_seed(0)
+    model = GPT(tiny("value_embed_gated", n_embd=192, n_head=6, vocab_size=4096))
+    d = 192
+    s = math.sqrt(3 / d)
+    assert abs(model.wte.weight.std().item() - 1) < 0.01
+    assert abs(model.lm_head.weight.std().item() - 1e-3) < 1e-5
+    for block in model.blocks:
+        assert not block.attn.c_proj.weight.any() and not block.mlp.c_proj.weight.any()
+        for w in (block.attn.c_q.weight, block.attn.c_k.weight, block.attn.c_v.weight, block.mlp.c_fc.weight):
+            assert w.abs().max() <= s and abs(w.std().item() * math.sqrt(d) - 1) < 0.03
+        if block.attn.target:
+            gate = block.attn.ve_gate.weight
+            assert gate.min() >= 0 and gate.max() <= 0.02 and gate.std() > 0
+    for table in model.tables:  # the gated variant's tables are uniform, not RMSNorm(wte) W_V
+        assert table.weight.abs().max() <= s and abs(table.weight.std().item() * math.sqrt(d) - 1) < 0.01
+
+
 # ---------------------------------------------------------------------------- decoding
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -304,6 +432,13 @@ def test_generation_past_block_size_and_sampling_seeded():
     assert out.max() < cfg.vocab_size
 
 
+def test_a_top_k_past_the_vocabulary_keeps_every_token():
+    logits = torch.randn(3, 97, generator=torch.Generator().manual_seed(0))
+    a = GPT.sample_next(logits, 1.0, top_k=500, generator=torch.Generator().manual_seed(1))
+    b = GPT.sample_next(logits, 1.0, top_k=None, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a, b)
+
+
 def test_top_k_samples_exactly_the_k_likeliest():
     logits = torch.randn(3, 97, generator=torch.Generator().manual_seed(0))
     assert torch.equal(GPT.sample_next(logits, 1.0, top_k=1), logits.argmax(-1, keepdim=True))
@@ -347,10 +482,10 @@ def test_generation_with_a_one_token_context():
 
 
 def test_sampling_at_a_tiny_temperature_is_greedy():
-    """logits / 1e-40 overflows to inf; sampling divides after subtracting the maximum, so a tiny
-    temperature gives the argmax, not NaN probabilities."""
-    logits = torch.randn(4, 97, generator=torch.Generator().manual_seed(0))
-    for t in (1e-40, 1e-300, 1e-3):
+    """Logits of size ~10 over 1e-308 overflow even float64; sampling divides after subtracting the
+    maximum, so a tiny temperature gives the argmax (0 and -inf), not NaN probabilities."""
+    logits = 10 * torch.randn(4, 97, generator=torch.Generator().manual_seed(0))
+    for t in (1e-308, 1e-40, 1e-3):
         assert torch.equal(GPT.sample_next(logits, temperature=t, generator=torch.Generator().manual_seed(1)),
                            logits.argmax(-1, keepdim=True))
 
@@ -450,7 +585,7 @@ def test_per_token_losses_and_ignore_index():
     torch.testing.assert_close(per_token.sum() / 22, mean)
 
 
-def test_coefficient_values_and_meta_to_device():
+def test_coefficient_values_at_init():
     model = GPT(tiny("t1_r13"))
     assert model.coefficient_values() == {4: {"alpha_v": 1.0, "beta_v": 0.0}, 5: {"alpha_v": 1.0, "beta_v": 0.0}}
     assert GPT(tiny("bov")).coefficient_values() == {4: {"gamma_v": 1.0}, 5: {"gamma_v": 1.0}}
@@ -503,6 +638,17 @@ def test_bad_configs_raise_value_error(kwargs, message):
 
 # ---------------------------------------------------------------------------- host-offloaded tables
 
+def test_the_row_cache_starts_over_for_every_sequence():
+    """Each distinct token's rows cross once per sequence (generate), not once per model."""
+    model = build(tiny("bov"))
+    model.offload_tables("cpu")
+    prompt = batch(model.config, B=1, T=10)
+    model.generate(prompt, 20, temperature=0)
+    first = model.offload.rows_fetched
+    model.generate(prompt, 20, temperature=0)
+    assert first > 0 and model.offload.rows_fetched == 2 * first
+
+
 @pytest.mark.parametrize("variant", ["bov", "bov_shared_table", "value_embed_gated"])
 def test_offloaded_tables_give_the_same_tokens(variant):
     cfg = tiny(variant)
@@ -512,9 +658,9 @@ def test_offloaded_tables_give_the_same_tokens(variant):
     model.offload_tables("cpu")
     got = model.generate(prompt, 150, temperature=0)
     assert torch.equal(got, expected)
-    # every distinct id crossed once, for every table
+    # every distinct id that went through the model crossed once, for every table (the last token is never fed)
     n_tables = len(model.tables)
-    assert model.offload.rows_fetched == got.unique().numel() * n_tables
+    assert model.offload.rows_fetched == got[:, :-1].unique().numel() * n_tables
     assert model.offload.bytes_moved == model.offload.rows_fetched * cfg.n_embd * 8  # float64
 
 
@@ -535,6 +681,14 @@ def test_optimizer_groups_are_total_with_the_papers_rates():
     muon, adamw = GPT(tiny("bov", n_embd=192, n_head=6)).configure_optimizers()
     lrs = {g["name"]: g["lr"] for g in adamw.param_groups}
     assert lrs == {"embedding": 0.60, "lm_head": 0.016, "tables": 0.30, "scalars": 0.50}
+
+
+def test_every_block_matrix_is_trained_by_muon():
+    """The gate's W_g is a 2-D block matrix too (nanochat trains it with Muon), not a scalar."""
+    model = GPT(tiny("value_embed_gated"))
+    muon, _ = model.configure_optimizers()
+    assert {id(p) for p in muon.param_groups[0]["params"]} == {id(p) for p in model.blocks.parameters() if p.dim() == 2}
+    assert any(p is model.blocks[5].attn.ve_gate.weight for p in muon.param_groups[0]["params"])
 
 
 def test_checkpoint_round_trip(tmp_path):
