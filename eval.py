@@ -476,7 +476,8 @@ def main(argv=None):
             sys.exit(f"eval.py: error: out of memory on {args.device}; lower --batch_size (now {args.batch_size})")
         sys.exit(f"eval.py: error: {first_line(e, None)}")
     except KeyboardInterrupt:
-        sys.exit("eval.py: interrupted")
+        print("eval.py: interrupted", file=sys.stderr)
+        sys.exit(130)  # 128 + SIGINT, as a shell reports Ctrl-C
     result["ckpt"] = os.path.abspath(args.ckpt)
     table = format_table(result)
     try:  # the file first: a closed or full stdout must not lose the evaluation

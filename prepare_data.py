@@ -1051,7 +1051,8 @@ def main(argv=None):
         why = e.strerror or f"{e} (is the disk full?)"  # numpy's short writes have no errno
         sys.exit(f"prepare_data.py: error: cannot write {e.filename or 'the output'}: {why}")
     except KeyboardInterrupt:
-        sys.exit("prepare_data.py: interrupted; re-run the same command to resume")
+        print("prepare_data.py: interrupted; re-run the same command to resume", file=sys.stderr)
+        sys.exit(130)  # 128 + SIGINT, as a shell reports Ctrl-C
     finally:
         if held.get("made"):  # a folder this run made, and failed before writing to: removed under its lock
             remove_unused(out_dir, held["made"])

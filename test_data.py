@@ -526,7 +526,7 @@ def test_force_deletes_nothing_when_the_new_source_is_bad(tmp_path):
                                                                       "--val_tokens", 500, "--out_dir", out)
 
 
-def test_ctrl_c_while_the_tokenizer_trains_stops_the_run(tmp_path, monkeypatch):
+def test_ctrl_c_while_the_tokenizer_trains_stops_the_run(tmp_path, monkeypatch, capsys):
     """rustbpe swallows a KeyboardInterrupt raised while it trains and returns as if done; the
     Ctrl-C must still stop the run (a fake trainer that does what rustbpe does)."""
     import rustbpe
@@ -545,8 +545,9 @@ def test_ctrl_c_while_the_tokenizer_trains_stops_the_run(tmp_path, monkeypatch):
             return [(bytes([i]), i) for i in range(256)]
     monkeypatch.setattr(rustbpe, "Tokenizer", Swallowing)
     pattern, _ = write_corpus(tmp_path)
-    msg = prep("--source", "files:" + pattern, "--vocab_size", 257, "--val_tokens", 500, "--out_dir", tmp_path / "d")
-    assert msg == "prepare_data.py: interrupted; re-run the same command to resume"
+    code = prep("--source", "files:" + pattern, "--vocab_size", 257, "--val_tokens", 500, "--out_dir", tmp_path / "d")
+    assert code == 130  # 128 + SIGINT, as the other scripts exit after a Ctrl-C
+    assert capsys.readouterr().err.splitlines()[-1] == "prepare_data.py: interrupted; re-run the same command to resume"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the usual Ctrl-C again afterwards
 
 

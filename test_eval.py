@@ -542,6 +542,24 @@ def test_host_out_of_memory_names_batch_size(tmp_path, monkeypatch):
         assert e.value.code == "eval.py: error: out of memory on cpu; lower --batch_size (now 4)"
 
 
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
+    bundle = write_bundle(tmp_path / "b", {"copa": fixture_items("copa", 5)})
+    ckpt = tmp_path / "run" / "ckpt.pt"
+    ckpt.parent.mkdir()
+    ckpt.write_bytes(b"")
+    model = type("M", (), {"config": type("C", (), {"vocab_size": 128})})()
+    monkeypatch.setattr(ev.GPT, "from_checkpoint", classmethod(lambda cls, *a: (model, {})))
+    monkeypatch.setattr(ev, "checkpoint_tokenizer", lambda *a: None)
+
+    def ctrl_c(*a):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(ev, "evaluate_core", ctrl_c)
+    with pytest.raises(SystemExit) as e:
+        ev.main(["--ckpt", str(ckpt), "--device", "cpu", "--bundle", str(bundle)])
+    assert e.value.code == 130 and capsys.readouterr().err.splitlines() == ["eval.py: interrupted"]
+    assert os.listdir(ckpt.parent) == ["ckpt.pt"]  # no results file
+
+
 def test_a_run_folder_is_read_as_its_ckpt_pt(tmp_path, monkeypatch):
     """--ckpt may name the run's folder (nanoGPT's --out_dir habit): its ckpt.pt is loaded, not refused as a folder."""
     bundle = write_bundle(tmp_path / "b", {"copa": fixture_items("copa", 5)})

@@ -559,18 +559,19 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path, monkeypat
 
 
 def test_help_and_ctrl_c_are_not_tracebacks(data_dir, tmp_path):
-    # --help and both runs start together (their torch imports overlap); a thread per run sends its Ctrl-C
-    # once the run logs step 3, as soon as it would alone
+    # --help and both runs start together (their torch imports overlap); a thread per run sends its signal
+    # once the run logs step 3, as soon as it would alone: SIGTERM (kill, Slurm) to the first, Ctrl-C to the second
     help_ = start_train(["--help"])
     runs = [start_train([*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / name}", "--max_iters=100000",
                          f"--eval_interval={interval}"]) for name, interval in (("run", 100000), ("run2", 2))]
 
-    def ctrl_c_at_step_3(p):
+    def signal_at_step_3(p, sig):
         for line in p.stdout:
             if line.startswith("step 3/"):  # in run2, after the checkpoint of step 2
                 break
-        p.send_signal(signal.SIGINT)
-    threads = [threading.Thread(target=ctrl_c_at_step_3, args=(p,), daemon=True) for p in runs]
+        p.send_signal(sig)
+    threads = [threading.Thread(target=signal_at_step_3, args=(p, sig), daemon=True)
+               for p, sig in zip(runs, (signal.SIGTERM, signal.SIGINT))]
     for t in threads:
         t.start()
     try:
@@ -582,8 +583,8 @@ def test_help_and_ctrl_c_are_not_tracebacks(data_dir, tmp_path):
             t.join(timeout=120)
             assert not t.is_alive(), "a run never logged step 3"
         r = finish(runs[0], 60)
-        assert r.returncode == 130 and "Traceback" not in r.stderr
-        assert r.stderr.strip().splitlines() == ["interrupted; no checkpoint was written yet (the first comes at step 100000)"]
+        assert r.returncode == 143 and "Traceback" not in r.stderr
+        assert r.stderr.strip().splitlines() == ["terminated (SIGTERM); no checkpoint was written yet (the first comes at step 100000)"]
         assert not (tmp_path / "run").exists()  # nothing was saved: no folder, no empty metrics.jsonl for --plot to trip on
         r = finish(runs[1], 60)
         ckpt = tmp_path / "run2" / "ckpt.pt"
@@ -764,6 +765,13 @@ def test_ctrl_c_during_a_save_waits_for_it():
             time.sleep(0.05)  # the handler runs between bytecodes: here, not at the end of the block
             done.append(True)
     assert done == [True] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    terminate = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):  # SIGTERM too (train.py's main() then exits 143)
+        with train.ctrl_c_after():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            done.append(True)
+    assert done == [True, True] and train.RUN["signal"] == signal.SIGTERM and signal.getsignal(signal.SIGTERM) is terminate
     with train.ctrl_c_after():  # without a Ctrl-C, nothing happens
         pass
 

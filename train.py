@@ -504,20 +504,30 @@ def load_resume(path, s, model_config, tok_sha, data_counts):
     return ckpt
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C; kill, timeout, Slurm, docker stop
+
+
+def stop_signal(signum, frame):
+    """Ctrl-C and SIGTERM alike: a KeyboardInterrupt, and main() exits 128 + the signal's number."""
+    RUN["signal"] = signum
+    raise KeyboardInterrupt
+
+
 @contextmanager
 def ctrl_c_after():
-    """Hold a Ctrl-C (SIGINT) until the block ends, then raise it: a checkpoint save is never cut short."""
+    """Hold a Ctrl-C or SIGTERM until the block ends, then raise it: a checkpoint save is never cut short."""
     if threading.current_thread() is not threading.main_thread():  # only the main thread receives signals
         yield
         return
     caught = []
-    previous = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
+    previous = {sig: signal.signal(sig, lambda signum, _: caught.append(signum)) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if caught:
-        raise KeyboardInterrupt
+        stop_signal(caught[0], None)
 
 
 def write_jsonl(path, records):
@@ -711,6 +721,8 @@ def training_model(s, model, dev, ddp):
 
 def main(argv):
     """Train as the settings in argv say; the folder locks taken on the way are dropped when it returns or raises."""
+    RUN.clear()
+    RUN["ckpt"] = None
     try:
         return run(argv)
     finally:
@@ -724,7 +736,7 @@ def main(argv):
 def run(argv):
     """Plan, data, model, then the training loop; returns the last evaluation's record (None for a dry run)."""
     s, model_overrides = resolve_settings(argv)
-    RUN["ckpt"], RUN["eval_interval"] = os.path.join(s["out_dir"], CKPT), s["eval_interval"]  # until the plan knows iters
+    RUN["ckpt"] = os.path.join(s["out_dir"], CKPT)
     ddp, rank, _, world = ranks()  # (False, 0, _, 1) without torchrun
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
@@ -879,7 +891,9 @@ def stopped_note():
     """What a stopped run leaves, for its last line."""
     if RUN["ckpt"] and os.path.exists(RUN["ckpt"]):
         return f"{RUN['ckpt']}, from the last evaluation, continues with --resume"
-    return f"no checkpoint was written yet (the first comes at step {RUN.get('eval_interval', 'eval_interval')})"
+    if "eval_interval" not in RUN:  # stopped before the plan knew the iterations
+        return "no checkpoint was written yet"
+    return f"no checkpoint was written yet (the first comes at step {RUN['eval_interval']})"
 
 
 def usage():
@@ -894,7 +908,8 @@ def usage():
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
+    for sig in STOP_SIGNALS:  # loaded: Ctrl-C (and SIGTERM) stop the run through main()'s cleanup, in one line
+        signal.signal(sig, stop_signal)
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
         print(usage())
         sys.exit(0)
@@ -903,8 +918,9 @@ if __name__ == "__main__":
     try:
         main(sys.argv[1:])
     except KeyboardInterrupt:
-        print(f"interrupted; {stopped_note()}", file=sys.stderr)
-        sys.exit(130)
+        sig = RUN.get("signal", signal.SIGINT)
+        print(f"{'terminated (SIGTERM)' if sig == signal.SIGTERM else 'interrupted'}; {stopped_note()}", file=sys.stderr)
+        sys.exit(128 + sig)  # 130 after Ctrl-C, 143 after SIGTERM, as a shell reports them
     except BrokenPipeError:  # the reader of stdout left (`python train.py | head`): stop, like Ctrl-C, in one line
         silence_stdout()
         print(f"stopped: the reader of stdout left; {stopped_note()}", file=sys.stderr)
