@@ -70,13 +70,20 @@ class TextStream:
 def read_prompt(start):
     """--start text, or the contents of the file after FILE:"""
     if not start.startswith("FILE:"):
+        try:
+            start.encode("utf-8")  # bytes that are not UTF-8 reach argv as lone surrogates (PEP 383)
+        except UnicodeEncodeError as e:
+            raise SampleError(f"--start is not UTF-8 text ({e.reason} at character {e.start})") from None
         return start
     path = start[len("FILE:"):]
     try:
         with open(path, encoding="utf-8") as f:
-            return f.read()
+            text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         raise SampleError(f"cannot read the prompt file {path}: {e.strerror if isinstance(e, OSError) else e}") from None
+    if not text:
+        print(f"sample.py: warning: the prompt file {path} is empty; starting from <|bos|> alone", file=sys.stderr)
+    return text
 
 
 def encode_prompt(tokenizer, text, block_size):
@@ -261,6 +268,8 @@ def main(argv=None):
         print(f"sample.py: prefill {n_prompt} tokens at {rate(n_prompt, t_prefill)}; "
               f"decode {n_decode} tokens at {rate(n_decode, t_decode)}"
               + (" (both include compiling)" if args.compile else ""), file=sys.stderr)
+    elif interrupted:
+        print("sample.py: no sample finished, so no speeds are reported", file=sys.stderr)
     else:
         print("sample.py: no tokens generated, so no prefill or decode ran", file=sys.stderr)
     if model.offload is not None:

@@ -169,6 +169,10 @@ def test_prompt_from_a_file(tiny, tmp_path, capsys):
     (tmp_path / "p.txt").write_text("Zürich 🚀 table", encoding="utf-8")
     out = run_sample(capsys, "--ckpt", path, "--start", f"FILE:{tmp_path / 'p.txt'}", "--max_new_tokens", "8", "--temperature", "0").out
     assert out == greedy_text(model, tok, [tok.bos_id] + tok.encode("Zürich 🚀 table"), 8)
+    (tmp_path / "empty.txt").write_text("")
+    res = run_sample(capsys, "--ckpt", path, "--start", f"FILE:{tmp_path / 'empty.txt'}", "--max_new_tokens", "8", "--temperature", "0")
+    assert res.out == greedy_text(model, tok, [tok.bos_id], 8)
+    assert res.err.splitlines()[0] == f"sample.py: warning: the prompt file {tmp_path / 'empty.txt'} is empty; starting from <|bos|> alone"
 
 
 def test_too_long_prompt_is_cropped_to_the_context_with_a_warning(tiny, capsys):
@@ -245,6 +249,12 @@ def test_ctrl_c_while_generating_reports_the_finished_samples_and_exits_130(tiny
     res = capsys.readouterr()
     assert e.value.code == 130 and len(calls) == 2
     assert "sample.py: interrupted" in res.err and "decode 3 tokens at" in res.err  # 4 new tokens: 1 from the prefill, 3 decoded
+    calls.clear()
+    calls.append(1)  # now the first sample is the one interrupted
+    with pytest.raises(SystemExit) as e:
+        sample.main(["--ckpt", tiny[0], "--num_samples", "3", "--max_new_tokens", "4", "--seed", "1"])
+    assert e.value.code == 130
+    assert capsys.readouterr().err.splitlines()[-2:] == ["sample.py: interrupted", "sample.py: no sample finished, so no speeds are reported"]
 
 
 def test_checkpoint_data_dir_not_here_says_pass_data_dir(tiny, tmp_path, capsys):
@@ -338,13 +348,16 @@ def test_a_full_or_closed_stdout_is_one_line(tiny):
     assert r.returncode == 1 and r.stderr.strip() == "sample.py: error: stdout is closed; the text has nowhere to go"
 
 
-@pytest.mark.parametrize("case", ["tokenizer", "prompt_file", "not_a_checkpoint"])
+@pytest.mark.parametrize("case", ["tokenizer", "prompt_file", "not_a_checkpoint", "not_utf8"])
 def test_other_bad_inputs_are_one_line_errors(tiny, tmp_path, case):
     path, _, _ = tiny
     if case == "tokenizer":
         args, expected = ["--ckpt", path, "--data_dir", str(tmp_path)], f"no prepared data in {tmp_path}"
     elif case == "prompt_file":
         args, expected = ["--ckpt", path, "--start", f"FILE:{tmp_path / 'none.txt'}"], "cannot read the prompt file"
+    elif case == "not_utf8":  # a byte 0xff on the command line reaches sys.argv as the lone surrogate \udcff
+        args, expected = ["--ckpt", path, "--start", b"ROMEO\xff".decode("utf-8", "surrogateescape")], \
+            "--start is not UTF-8 text (surrogates not allowed at character 5)"
     else:
         (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
         args, expected = ["--ckpt", str(tmp_path / "bad.pt")], "cannot read checkpoint"
