@@ -917,8 +917,8 @@ def prepare(config, out_dir, force=False, held=None):
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):  # before any work
         raise DataError(f"--out_dir {out_dir} is a file, not a folder")
     busy = f"{out_dir} is in use: another prepare_data.py is writing it, or a train.py is reading it; wait for it to end"
-    if os.path.isdir(out_dir):  # held until the caller closes it, or this process ends
-        held["lock"] = lock_folder(out_dir, True, busy)
+    if os.path.isdir(out_dir):  # held until the caller closes it, or this process ends; shared while it only
+        held["lock"] = lock_folder(out_dir, force, busy)  # checks that the folder is done, as a train.py reads it
     source = tok = None
     if force:  # --force deletes nothing before the new source is found and its tokenizer made
         source = new_source()
@@ -931,6 +931,11 @@ def prepare(config, out_dir, force=False, held=None):
         print(f"{out_dir} is already prepared ({state['train_tokens']:,} train / {state['val_tokens']:,} val tokens); "
               f"nothing to do")
         return state
+    if held.get("lock") and not force:  # there is work to do: the shared lock becomes exclusive, or it is refused
+        try:
+            fcntl.flock(held["lock"], fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DataError(busy) from None
     source = source or new_source()
     # (a folder begun before the file list was recorded has no "files", and is not checked)
     if state is not None and state.get("files", source.fingerprint) != source.fingerprint:

@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -191,6 +192,26 @@ def test_rerun_is_idempotent(corpus):
     assert prep("--source", "files:" + pattern, "--out_dir", out, *FILES_ARGS) is None
     assert time.time() - t0 < 5
     assert snapshot(out) == before
+
+
+def test_a_reader_allows_a_rerun_that_does_nothing_but_not_one_that_writes(corpus, tmp_path):
+    pattern, _, out = corpus
+    reader = pd.lock_folder(out, False, "busy")  # what train.py holds on its data
+    try:
+        before = snapshot(out)
+        assert prep("--source", "files:" + pattern, "--out_dir", out, *FILES_ARGS) is None
+        assert snapshot(out) == before
+        unfinished = tmp_path / "d"
+        shutil.copytree(out, unfinished)
+        os.remove(unfinished / "meta.json")  # as a run stopped before its end leaves it
+        with pd.lock_folder(unfinished, False, "busy"):
+            assert prep("--source", "files:" + pattern, "--out_dir", unfinished, *FILES_ARGS) == \
+                f"prepare_data.py: error: {unfinished} is in use: another prepare_data.py is writing it, or a train.py is reading it; wait for it to end"
+        assert not (unfinished / "meta.json").exists()
+        assert prep("--source", "files:" + pattern, "--out_dir", unfinished, *FILES_ARGS) is None  # the reader gone: done
+        assert (unfinished / "meta.json").exists()
+    finally:
+        reader.close()
 
 
 def test_other_arguments_are_refused(corpus):

@@ -679,6 +679,9 @@ def test_one_run_per_out_dir_and_no_rebuild_under_a_run(data_dir, tmp_path, caps
         assert e.value.code == (f"prepare_data.py: error: {data} is in use: another prepare_data.py is writing it, or a "
                                 "train.py is reading it; wait for it to end")
         assert {f: (data / f).read_bytes() for f in before} == before
+        # the command that prepared it, again: nothing to do, which a reader does not stop
+        pd.main([f"--source=files:{os.path.dirname(data_dir)}/*.txt", f"--out_dir={data}", "--vocab_size=300", "--val_tokens=3000"])
+        assert re.search(r"/data is already prepared \([\d,]+ train / [\d,]+ val tokens\); nothing to do$", capsys.readouterr().out.strip())
     finally:
         p.kill()
         p.communicate(timeout=60)
