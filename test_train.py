@@ -507,6 +507,8 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path, monkeypat
                            ("--seed=4294967296", "--seed must be below 2^32"),
                            ("--n_layer", "--n_layer needs a value: --n_layer=VALUE"),   # not "--n_layer 3"
                            ("--dry_run=", "--dry_run: expected true/false, got ''"),  # not read as true
+                           ("--data_dir=", "--data_dir is empty; give the prepared-data folder (default data/shakespeare)"),
+                           ("max_iters=5", "config file max_iters=5 not found; did you mean --max_iters=5?"),
                            ("--device=xla", "--device xla is not usable here: this torch build has no xla backend")):
         assert expected in error([*base, flag]), flag
     assert "--max_iters must be positive, got 0" in error([*TINY, f"--data_dir={data_dir}", "--max_iters=0"])
@@ -515,6 +517,8 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path, monkeypat
                            ("seed = None", "expected int"), ('size = ["cpu"]', "expected str")):
         config.write_text(line + "\n")
         assert expected in error([str(config), *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}"]), line
+    config.write_text("import math\nmax_iters = math.floor(2.5)\n")  # a module is not a setting
+    assert train.resolve_settings([str(config), *TINY, f"--data_dir={data_dir}"])[0]["max_iters"] == 2
     (tmp_path / "afile").write_text("")
     assert "is a file, not a folder" in error([*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'afile'}", "--max_iters=2"])
     assert "cannot be made: Not a directory" in error([*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'afile' / 'x'}",

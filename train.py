@@ -23,6 +23,7 @@ import re
 import signal
 import sys
 import time
+import types
 import threading
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, fields
@@ -189,12 +190,16 @@ def resolve_settings(argv):
     for arg in argv:
         if not arg.startswith("--"):
             if not os.path.isfile(arg):
-                raise ConfigError(f"config file {arg} is a folder" if os.path.isdir(arg) else f"config file {arg} not found")
+                if os.path.isdir(arg):
+                    raise ConfigError(f"config file {arg} is a folder")
+                hint = f"; did you mean --{arg}?" if "=" in arg and os.sep not in arg else ""  # nanoGPT's form
+                raise ConfigError(f"config file {arg} not found{hint}")
             scope = {}
             try:
                 exec(open(arg).read(), {}, scope)
             except Exception as e:
                 raise ConfigError(f"config file {arg}: {type(e).__name__}: {e}")
+            scope = {k: v for k, v in scope.items() if not isinstance(v, types.ModuleType)}  # `import math` sets nothing
             unknown = [k for k in scope if not k.startswith("_") and k not in defaults and k not in model_defaults]
             if unknown:
                 raise unknown_setting(unknown, arg)
@@ -249,6 +254,8 @@ def resolve_settings(argv):
             raise ConfigError(f"--{key} is a fraction: 0 to 1, got {s[key]}")
     if s["eval_bundle"] and not s["core_eval"]:
         raise ConfigError("--eval_bundle is read by --core_eval only")
+    if not s["data_dir"]:
+        raise ConfigError(f"--data_dir is empty; give the prepared-data folder (default {DEFAULT_DATA_DIR})")
     choices = {"dtype": ("auto", "float32", "bfloat16"), "compile": ("auto", "true", "false")}
     s["compile"] = {"1": "true", "yes": "true", "on": "true", "0": "false", "no": "false", "off": "false"}.get(
         str(s["compile"]).lower(), str(s["compile"]).lower())
