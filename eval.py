@@ -451,6 +451,8 @@ def main(argv=None):
     p.add_argument("--data_dir", help="prepared-data folder whose tokenizer to use (default: the one in the checkpoint)")
     p.add_argument("--bundle", help="unzipped eval_bundle folder (default: ~/.cache/bov/eval_bundle, downloaded once)")
     p.add_argument("--batch_size", type=int, default=16, help="sequences per forward pass (default 16)")
+    p.add_argument("--out", help="the results file (default: core_eval.json, or core_eval_partial.json, beside the "
+                   "checkpoint); for a checkpoint in a folder you cannot write to")
     args = p.parse_args(argv)
     if args.batch_size < 1:
         p.error("--batch_size must be at least 1")
@@ -460,9 +462,10 @@ def main(argv=None):
     if not os.path.isfile(args.ckpt):  # before the bundle, which may be a download
         sys.exit(f"eval.py: error: {no_checkpoint(args.ckpt)}")
     partial = args.tasks is not None or args.max_per_task is not None
-    out = os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "core_eval_partial.json" if partial else "core_eval.json")
-    if os.path.isdir(out) or (os.path.isdir(os.path.dirname(out)) and not os.access(os.path.dirname(out), os.W_OK)):
-        p.error(f"cannot write the results to {out}")  # before the evaluation, not after it
+    out = os.path.abspath(args.out) if args.out else \
+        os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "core_eval_partial.json" if partial else "core_eval.json")
+    if os.path.isdir(out) or not os.path.isdir(os.path.dirname(out)) or not os.access(os.path.dirname(out), os.W_OK):
+        p.error(f"cannot write the results to {out}" + ("" if args.out else "; choose another file with --out"))  # before the evaluation
     try:
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks is not None else None
         check_tasks(tasks)

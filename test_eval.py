@@ -718,6 +718,12 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "run" / "core_eval.json").read_text() == full  # the full result stays
     assert list(json.loads((tmp_path / "run" / "core_eval_partial.json").read_text())["tasks"]) == ["copa"]
     (tmp_path / "run" / "core_eval_partial.json").unlink()
+    elsewhere = tmp_path / "results.json"  # --out: for a checkpoint in a folder that cannot be written
+    ev.main(["--ckpt", str(ckpt), "--bundle", bundle, "--tasks", "copa", "--max_per_task", "2", "--out", str(elsewhere)])
+    assert list(json.loads(elsewhere.read_text())["tasks"]) == ["copa"] and sorted(os.listdir(tmp_path / "run")) == ["ckpt.pt", "core_eval.json"]
+    with pytest.raises(SystemExit):
+        ev.main(["--ckpt", str(ckpt), "--bundle", bundle, "--out", str(tmp_path / "nowhere" / "r.json")])
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: cannot write the results to {tmp_path / 'nowhere' / 'r.json'}")
     r = finish(on_full, 120)  # the full stdout: one line naming the file, which holds the results
     partial = tmp_path / "full_stdout" / "core_eval_partial.json"
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == ("eval.py: could not print the table (No space left "
