@@ -141,7 +141,9 @@ def checkpoint_tokenizer(ckpt_path, ckpt, vocab_size, data_dir=None):
     if tokenizer.vocab_size > vocab_size:
         raise DataError(f"the tokenizer of {data_dir} has {tokenizer.vocab_size} tokens, the model only {vocab_size}")
     if ckpt.get("tokenizer_sha256") not in (None, tokenizer_sha256(data_dir)):
-        raise DataError(f"the tokenizer of {data_dir} is not the one {ckpt_path} was trained with (its SHA-256 differs)")
+        raise DataError(f"the tokenizer of {data_dir} is not the one {ckpt_path} was trained with (its SHA-256 differs: "
+                        f"the folder was prepared again since, or is another); pass --data_dir with the data it was "
+                        f"trained on, or prepare that again (its vocabulary: {vocab_size} tokens)")
     return tokenizer
 
 

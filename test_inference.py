@@ -285,7 +285,9 @@ def test_a_tokenizer_other_than_the_trained_one_is_refused(tiny, tmp_path, capsy
         else:
             with pytest.raises(SystemExit) as e:
                 sample.main(["--ckpt", ckpt])
-            assert e.value.code == f"sample.py: error: the tokenizer of {data} is not the one {ckpt} was trained with (its SHA-256 differs)"
+            assert e.value.code == (f"sample.py: error: the tokenizer of {data} is not the one {ckpt} was trained with (its SHA-256 "
+                                    f"differs: the folder was prepared again since, or is another); pass --data_dir with the data "
+                                    f"it was trained on, or prepare that again (its vocabulary: {model.config.vocab_size} tokens)")
 
 
 def test_a_closed_pipe_stops_sampling_quietly(tiny):
