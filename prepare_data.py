@@ -92,9 +92,11 @@ def atomic_write(path, write, tmp=None):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(e, OSError) and e.filename is None:  # numpy's short write (a full disk) names no file
+            e.filename = path
         raise
 
 
@@ -584,6 +586,8 @@ class Source:
                     if not isinstance(row, dict) or self.column not in row:
                         raise DataError(f"{path}:{n}: no {self.column!r} field (set --column)")
                     text = row[self.column]
+                    if not isinstance(text, (str, type(None))):  # (null and "" are skipped as empty documents)
+                        raise DataError(f"{path}:{n}: the {self.column!r} field holds {type(text).__name__}, not text")
                     if isinstance(text, str):  # JSON's \ud800 escapes can make a str that is not Unicode text
                         try:
                             text.encode("utf-8")

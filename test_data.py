@@ -629,8 +629,10 @@ def test_more_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
     (tmp_path / "s.jsonl").write_text('{"text": "fine"}\n{"text": "half an emoji \\ud83d here"}\n')
     (tmp_path / "late.txt").write_bytes(b"a" * 100_000 + b"\xff" + b"b" * 10)
     (tmp_path / "one.txt").write_text("a single document")
+    (tmp_path / "int.jsonl").write_text('{"text": "fine"}\n{"text": null}\n{"text": 7}\n')
     files = lambda name: "files:" + str(tmp_path / name)
     for source, expected in ((files("s.jsonl"), f"{tmp_path / 's.jsonl'}:2: the 'text' text holds a lone UTF-16 surrogate"),
+                             (files("int.jsonl"), f"{tmp_path / 'int.jsonl'}:3: the 'text' field holds int, not text"),
                              (files("late.txt"), "is not UTF-8 text (byte 0xff at offset 100000)"),
                              (files("one.txt"), "gave no training text for the tokenizer")):
         msg = prep("--source", source, *args, "--out_dir", tmp_path / "y")
@@ -707,6 +709,15 @@ def test_jsonl_blank_lines_are_skipped(tmp_path):
                 "--out_dir", tmp_path / "out") is None
     meta = pd.load_meta(tmp_path / "out")
     assert meta["train_docs"] + meta["val_docs"] == len(docs)
+
+
+def test_a_short_write_names_its_file_and_leaves_no_temporary(tmp_path):
+    def full_disk(f):
+        f.write(b"half")
+        raise OSError("1397523 requested and 897012 written")  # what numpy's tofile raises on a full disk
+    with pytest.raises(OSError) as e:
+        pd.atomic_write(str(tmp_path / "train_00000.bin"), full_disk)
+    assert e.value.filename == str(tmp_path / "train_00000.bin") and os.listdir(tmp_path) == []
 
 
 def test_force_removes_the_old_shards(tmp_path):
