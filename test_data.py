@@ -240,7 +240,7 @@ def test_interrupted_run_resumes(tmp_path, monkeypatch):
         write_shard(path, tokens)
     monkeypatch.setattr(pd, "write_shard", dies_on_third)
     out = tmp_path / "resumed"
-    assert "resume" in prep(*args, "--out_dir", out)
+    assert prep(*args, "--out_dir", out) == 130  # "interrupted; re-run the same command to resume"
     with pytest.raises(pd.DataError, match="incomplete"):
         pd.load_meta(out)
 
@@ -262,7 +262,7 @@ def test_a_resume_refuses_files_that_changed(tmp_path, monkeypatch):
     def dies(path, tokens):
         raise KeyboardInterrupt
     monkeypatch.setattr(pd, "write_shard", dies)
-    assert "resume" in prep(*args)
+    assert prep(*args) == 130
     monkeypatch.setattr(pd, "write_shard", write_shard)
     added = tmp_path / "corpus" / "a0.jsonl"  # sorts first: every later row number moves
     added.write_text(json.dumps({"text": docs[0]}) + "\n")
