@@ -19,6 +19,7 @@ import zipfile
 from types import SimpleNamespace
 
 import pytest
+import tiktoken
 import torch
 import torch.nn.functional as F
 
@@ -209,6 +210,13 @@ def test_scored_spans_of_each_kind():
     assert text(lm) == " abc" and lm[0][0] == 0  # bos first
     for row in mc + schema + [lm]:
         assert row[0][0] == tok.bos_id
+    # with BPE the continuation's first token may merge with the prompt's last: "Answer:" + " 42" becomes
+    # "Answer", ": 4", "2" here, and the scored span starts where the two encodings part, at ": 4"
+    ranks = {bytes([i]): i for i in range(256)} | {b": ": 256, b": 4": 257}
+    bpe = tiktoken.Encoding("merge", pat_str=r"[\s\S]+", mergeable_ranks=ranks, special_tokens={"<|bos|>": 258})
+    merging = SimpleNamespace(bos_id=258, encode=bpe.encode_ordinary)
+    (lm,) = ev.encode(ev.TASKS["squad"], ["Answer:", "Answer: 42"], merging, 99)
+    assert [bpe.decode([t]) for t in lm[0][lm[1]:lm[2]]] == [": 4", "2"]
 
 
 def test_language_modeling_needs_every_token():
