@@ -845,11 +845,11 @@ def _remove(out_dir, patterns):
             os.remove(path)
 
 
-def load_state(out_dir, config, force):
+def load_state(out_dir, config, force, readonly=False):
     """Return the saved state of out_dir (meta.json, else progress.json) if it matches config,
     with shard lists cut at the first bad shard; None to start from scratch, after deleting our
     files there on --force or when the tokenizer files are unreadable. DataError if the state is
-    unreadable or was made with another config."""
+    unreadable or was made with another config. readonly: delete and print nothing (the answer only)."""
     for name in ("meta.json", "progress.json"):
         path = os.path.join(out_dir, name)
         if os.path.exists(path):
@@ -884,6 +884,8 @@ def load_state(out_dir, config, force):
             _encoding_from_json(json.load(f))
         np.load(os.path.join(out_dir, "token_bytes.npy"))
     except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError) as e:  # EOFError: an empty .npy
+        if readonly:
+            return None
         print(f"{out_dir}: tokenizer files unreadable ({e or type(e).__name__}); starting over")
         _remove(out_dir, OUR_FILES + OUR_TEMPS)
         return None
@@ -893,7 +895,8 @@ def load_state(out_dir, config, force):
             path = os.path.join(out_dir, s["file"])
             problem = _shard_problem(path, np.dtype(state["dtype"]), s["tokens"], state["bos_id"])
             if problem:
-                print(f"{path} {problem}; rebuilding {split} from it")
+                if not readonly:
+                    print(f"{path} {problem}; rebuilding {split} from it")
                 del shards[k:]
                 state[split + "_done"] = False
                 break
@@ -921,25 +924,30 @@ def prepare(config, out_dir, force=False, held=None):
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):  # before any work
         raise DataError(f"--out_dir {out_dir} is a file, not a folder")
     busy = f"{out_dir} is in use: another prepare_data.py is writing it, or a train.py is reading it; wait for it to end"
-    if os.path.isdir(out_dir):  # held until the caller closes it, or this process ends; shared while it only
-        held["lock"] = lock_folder(out_dir, force, busy)  # checks that the folder is done, as a train.py reads it
+    reading = False  # whether a train.py reads out_dir: then only a finished folder is accepted, and nothing written
+    if os.path.isdir(out_dir):  # held until the caller closes it, or this process ends
+        try:
+            held["lock"] = lock_folder(out_dir, True, busy)
+        except DataError:
+            if force:
+                raise
+            held["lock"] = lock_folder(out_dir, False, busy)  # shared, as a reader's; refused if a writer holds it
+            reading = True
     source = tok = None
     if force:  # --force deletes nothing before the new source is found and its tokenizer made
         source = new_source()
         tok = new_tokenizer_json(source, config)
-    state = load_state(out_dir, config, force)
+    state = load_state(out_dir, config, force, readonly=reading)
     complete = (state is not None and state["val_done"] and state["train_done"]
                 and os.path.exists(os.path.join(out_dir, "meta.json")))
     if complete:
-        _remove(out_dir, ("progress.json",))  # left by a run killed between writing meta.json and removing it
+        if not reading:
+            _remove(out_dir, ("progress.json",))  # left by a run killed between writing meta.json and removing it
         print(f"{out_dir} is already prepared ({state['train_tokens']:,} train / {state['val_tokens']:,} val tokens); "
               f"nothing to do")
         return state
-    if held.get("lock") and not force:  # there is work to do: the shared lock becomes exclusive, or it is refused
-        try:
-            fcntl.flock(held["lock"], fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DataError(busy) from None
+    if reading:  # there is work to do, under a reader
+        raise DataError(busy)
     source = source or new_source()
     # (a folder begun before the file list was recorded has no "files", and is not checked)
     if state is not None and state.get("files", source.fingerprint) != source.fingerprint:

@@ -201,13 +201,17 @@ def test_a_reader_allows_a_rerun_that_does_nothing_but_not_one_that_writes(corpu
         before = snapshot(out)
         assert prep("--source", "files:" + pattern, "--out_dir", out, *FILES_ARGS) is None
         assert snapshot(out) == before
-        unfinished = tmp_path / "d"
+        unfinished, damaged = tmp_path / "d", tmp_path / "e"
         shutil.copytree(out, unfinished)
         os.remove(unfinished / "meta.json")  # as a run stopped before its end leaves it
-        with pd.lock_folder(unfinished, False, "busy"):
-            assert prep("--source", "files:" + pattern, "--out_dir", unfinished, *FILES_ARGS) == \
-                f"prepare_data.py: error: {unfinished} is in use: another prepare_data.py is writing it, or a train.py is reading it; wait for it to end"
-        assert not (unfinished / "meta.json").exists()
+        shutil.copytree(out, damaged)
+        (damaged / "token_bytes.npy").write_bytes(b"")  # a rerun alone would start over: delete and rebuild
+        for folder in (unfinished, damaged):
+            before = snapshot(folder)
+            with pd.lock_folder(folder, False, "busy"):
+                assert prep("--source", "files:" + pattern, "--out_dir", folder, *FILES_ARGS) == \
+                    f"prepare_data.py: error: {folder} is in use: another prepare_data.py is writing it, or a train.py is reading it; wait for it to end"
+            assert snapshot(folder) == before  # nothing deleted or written under the reader
         assert prep("--source", "files:" + pattern, "--out_dir", unfinished, *FILES_ARGS) is None  # the reader gone: done
         assert (unfinished / "meta.json").exists()
     finally:
