@@ -766,7 +766,8 @@ def main(argv=None):
         if args.plot:
             r["plots"] = draw_plots(args, log)
     except KeyboardInterrupt:
-        sys.exit("bench.py: interrupted")
+        print("bench.py: interrupted", file=sys.stderr)
+        sys.exit(130)  # 128 + SIGINT, as a shell reports Ctrl-C
     except Exception as e:
         if out_of_memory(e):
             sys.exit(f"bench.py: error: out of memory ({first_line(e)}); lower --decode_batch, --batch or the largest of --contexts")

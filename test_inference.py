@@ -506,6 +506,15 @@ def test_an_interrupted_plot_keeps_the_previous_png(tmp_path, monkeypatch):
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["fig5a.png"]
 
 
+def test_bench_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    def ctrl_c(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(bench, "run", ctrl_c)
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--quick"])
+    assert e.value.code == 130 and capsys.readouterr().err.splitlines()[-1] == "bench.py: interrupted"
+
+
 def test_bench_speed_table_lines_up(bench_json):
     """Long labels (", batch 2") and long variant names keep the B/A column in one place."""
     for names in ((), ("value_embed_gated", "bov_shared_table")):

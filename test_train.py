@@ -574,6 +574,7 @@ def test_help_and_ctrl_c_are_not_tracebacks(data_dir, tmp_path):
             if line.startswith("step 3/"):  # in run2, after the checkpoint of step 2
                 break
         p.send_signal(sig)
+        p.send_signal(sig)  # twice, as Slurm and torchrun both send one: the second must not cut the cleanup short
     threads = [threading.Thread(target=signal_at_step_3, args=(p, sig), daemon=True)
                for p, sig in zip(runs, (signal.SIGTERM, signal.SIGINT))]
     for t in threads:
@@ -781,6 +782,27 @@ def test_ctrl_c_during_a_save_waits_for_it():
     assert done == [True, True] and train.RUN["signal"] == signal.SIGTERM and signal.getsignal(signal.SIGTERM) is terminate
     with train.ctrl_c_after():  # without a Ctrl-C, nothing happens
         pass
+
+
+def test_a_second_stop_signal_does_not_cut_the_cleanup_short():
+    """As the script installs it, stop_signal raises once; the signals after it are ignored, so main()'s
+    cleanup (a finally block here) runs to its end."""
+    previous = {sig: signal.signal(sig, train.stop_signal) for sig in train.STOP_SIGNALS}
+    cleaned = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+            finally:
+                os.kill(os.getpid(), signal.SIGTERM)  # the second, during the cleanup
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+                cleaned.append(True)
+        assert cleaned == [True] and train.RUN["signal"] == signal.SIGTERM
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def test_a_run_stopped_before_training_names_the_checkpoint_it_leaves(data_dir, tmp_path, monkeypatch):

@@ -515,8 +515,13 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C; kill, timeout, Slurm, 
 
 
 def stop_signal(signum, frame):
-    """Ctrl-C and SIGTERM alike: a KeyboardInterrupt, and main() exits 128 + the signal's number."""
+    """Ctrl-C and SIGTERM alike: a KeyboardInterrupt, and main() exits 128 + the signal's number. Once the
+    script's own handler, the signals that follow are ignored: Slurm and torchrun both send one, and a
+    second must not cut main()'s cleanup short (the next Ctrl-C or SIGTERM is a no-op; kill -9 remains)."""
     RUN["signal"] = signum
+    if signal.getsignal(signum) is stop_signal:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
@@ -926,7 +931,8 @@ if __name__ == "__main__":
         main(sys.argv[1:])
     except KeyboardInterrupt:
         sig = RUN.get("signal", signal.SIGINT)
-        print(f"{'terminated (SIGTERM)' if sig == signal.SIGTERM else 'interrupted'}; {stopped_note()}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, one line for the run, not one per rank
+            print(f"{'terminated (SIGTERM)' if sig == signal.SIGTERM else 'interrupted'}; {stopped_note()}", file=sys.stderr)
         sys.exit(128 + sig)  # 130 after Ctrl-C, 143 after SIGTERM, as a shell reports them
     except BrokenPipeError:  # the reader of stdout left (`python train.py | head`): stop, like Ctrl-C, in one line
         silence_stdout()
