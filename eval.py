@@ -462,6 +462,8 @@ def main(argv=None):
     if not os.path.isfile(args.ckpt):  # before the bundle, which may be a download
         sys.exit(f"eval.py: error: {no_checkpoint(args.ckpt)}")
     partial = args.tasks is not None or args.max_per_task is not None
+    if args.out is not None and (not args.out or os.path.realpath(args.out) == os.path.realpath(args.ckpt)):
+        p.error(f"--out {args.out!r} is " + ("empty" if not args.out else "the checkpoint itself") + "; name a results file")
     out = os.path.abspath(args.out) if args.out else \
         os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "core_eval_partial.json" if partial else "core_eval.json")
     if os.path.isdir(out) or not os.path.isdir(os.path.dirname(out)) or not os.access(os.path.dirname(out), os.W_OK):

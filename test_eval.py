@@ -732,6 +732,11 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         ev.main(["--ckpt", str(ckpt), "--bundle", bundle, "--out", str(tmp_path / "nowhere" / "r.json")])
     assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: cannot write the results to {tmp_path / 'nowhere' / 'r.json'}")
+    for bad, why in (("", "'' is empty"), (str(ckpt), f"{str(ckpt)!r} is the checkpoint itself")):
+        with pytest.raises(SystemExit):
+            ev.main(["--ckpt", str(tmp_path / "run"), "--bundle", bundle, "--out", bad])
+        assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: --out {why}; name a results file")
+    GPT.from_checkpoint(str(ckpt))  # still a checkpoint
     r = finish(on_full, 120)  # the full stdout: one line naming the file, which holds the results
     partial = tmp_path / "full_stdout" / "core_eval_partial.json"
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == ("eval.py: could not print the table (No space left "
