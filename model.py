@@ -340,7 +340,9 @@ class Attention(nn.Module):
             self.ve_gate = nn.Linear(12, self.n_head, bias=False)  # reads the first 12 channels of x
 
     def coefficients(self):
-        """(c,) for replace or (a, b) for add: parameters if learned, else the fixed 1 / 0.5."""
+        """(c,) for replace or (a, b) for add: parameters if learned, else the fixed 1 / 0.5. Each is one
+        scalar per layer (shape (1,)), as the paper's gamma_v; value(), forward()'s cached path, table_decode_step
+        and coefficient_values() (whose floats train.py logs) all assume that shape."""
         if self.mix == "replace":
             return (self.gamma_v,) if self.coeff == "learned" else (1.0,)
         return (self.alpha_v, self.beta_v) if self.coeff == "learned" else (0.5, 0.5)
@@ -562,7 +564,8 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self):
-        """nanochat's initialisation, drawn from torch's global RNG in a fixed order:
+        """nanochat's initialisation (karpathy/nanochat; the paper's fork differs in two scales, README
+        "Differences"), drawn from torch's global RNG in a fixed order:
             wte                      normal, std 1
             lm_head                  normal, std 0.001
             c_q, c_k, c_v, c_fc      uniform(-s, s), s = sqrt(3 / n_embd)  (std 1/sqrt(n_embd))
@@ -905,8 +908,8 @@ def describe_presets(size):
     for name in VARIANTS:
         try:
             cfg = GPTConfig.preset(size, name)
-        except ValueError as e:  # e.g. a variant's own layer list that this size does not have
-            missing.append(f"{name}: not at this size ({str(e.__cause__ or e).removeprefix('bad GPTConfig: ')})")
+        except ValueError as e:  # e.g. a variant's own layer list that this size does not have, or a bad setting
+            missing.append(f"{name}: not built ({str(e.__cause__ or e).removeprefix('bad GPTConfig: ')})")
             continue
         m = GPT.meta(cfg)
         n = m.num_params()

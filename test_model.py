@@ -52,7 +52,9 @@ def test_sizes_and_variants_are_the_documented_names():
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")) as f:
         table = f.read().split("| variant | paper |", 1)[1].split("\n\n", 1)[0]
     documented = [name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", row.split("|")[1])]
-    assert sorted(documented) == sorted(VARIANTS)
+    assert len(documented) == len(set(documented)), "a variant listed twice in the README's table"
+    assert not set(VARIANTS) - set(documented), f"VARIANTS not in the README's variant table: {set(VARIANTS) - set(documented)}"
+    assert not set(documented) - set(VARIANTS), f"README variants not in VARIANTS: {set(documented) - set(VARIANTS)}"
     assert {"baseline", "bov", "t1_r13", "svformer"} <= set(VARIANTS)
 
 
@@ -754,7 +756,7 @@ def test_the_preset_listing_is_a_table(monkeypatch):
     monkeypatch.setitem(model.VARIANTS, "bov_on_layers_8_to_11", model._v((8, 9, 10, 11), "table"))
     lines = describe_presets("cpu").splitlines()
     assert len({len(line) for line in lines[:-1]}) == 1 and len(lines) == len(model.VARIANTS) + 1
-    assert lines[-1] == "bov_on_layers_8_to_11: not at this size (bov_layers as a list must hold layer indices in [0, 6), got (8, 9, 10, 11))"
+    assert lines[-1] == "bov_on_layers_8_to_11: not built (bov_layers as a list must hold layer indices in [0, 6), got (8, 9, 10, 11))"
     assert describe_presets("paper_135m").splitlines()[-1].startswith("bov_on_layers_8_to_11 8-11 ")
 
 

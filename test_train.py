@@ -950,3 +950,9 @@ def test_table_lr_and_weight_decay_reach_the_optimizers_and_bind_a_resume(data_d
                            ("--weight_decay=0.2", "weight_decay=0.1 there, 0.2 here")):
         with pytest.raises(train.ConfigError, match=re.escape(expected)):
             train.main([*base, "--table_lr=0.05", "--weight_decay=0.1", flag, "--resume"])
+    # a checkpoint from before a setting existed: the setting reads as its default there, and the run resumes
+    del ckpt["train_config"]["final_lr_frac"]
+    torch.save(ckpt, tmp_path / "run" / "ckpt.pt")
+    train.main([*base, "--table_lr=0.05", "--weight_decay=0.1", "--resume"])
+    with pytest.raises(train.ConfigError, match=re.escape(f"final_lr_frac={train.final_lr_frac} there, 0.5 here")):
+        train.main([*base, "--table_lr=0.05", "--weight_decay=0.1", "--final_lr_frac=0.5", "--resume"])

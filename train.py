@@ -496,7 +496,9 @@ def load_resume(path, s, model_config, tok_sha, data_counts):
     must_match = ("seed", "total_batch_tokens", "target_flops", "target_tokens", "max_iters", "matrix_lr",
                   "embedding_lr", "unembedding_lr", "scalar_lr", "table_lr", "weight_decay", "warmup_iters",
                   "warmdown_frac", "final_lr_frac")
-    saved, budgets = ckpt["train_config"], ("target_flops", "target_tokens", "max_iters")
+    # a setting added to train.py after the checkpoint was written reads as its default there
+    saved = {**{k: globals()[k] for k in TRAIN_KEYS}, **SIZE_DEFAULTS[s["size"]], **ckpt["train_config"]}
+    budgets = ("target_flops", "target_tokens", "max_iters")
     # short where exact (1e+07, not 10000000.0), every digit where not (0.0123456789)
     show = lambda v: (f"{v:g}" if float(f"{v:g}") == v else repr(v)) if isinstance(v, float) else str(v)
     differ = [k for k in must_match if saved.get(k) != s[k]]
