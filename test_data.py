@@ -736,3 +736,55 @@ def test_force_removes_the_old_shards(tmp_path):
     meta = pd.load_meta(tmp_path / "d")
     listed = {s["file"] for s in meta["train_shards"] + meta["val_shards"]}
     assert {f for f in os.listdir(tmp_path / "d") if f.endswith(".bin")} == listed
+
+
+# from a mutation audit of prepare_data.py (the audit's mutant IDs in the docstrings)
+
+BUDGETS = ("--vocab_size", 512, "--val_tokens", 3000, "--train_tokens", 6000, "--shard_tokens", 1000)
+
+
+@pytest.mark.parametrize("dies_at", [2, 6])  # in val, in train
+def test_a_resumed_preparation_with_budgets_is_the_clean_one(tmp_path, monkeypatch, dies_at):
+    """P14 (a resume counts the split's tokens from 0: the budget starts over, so the resumed split holds up to
+    twice --val_tokens / --train_tokens, and differs from an uninterrupted preparation)."""
+    pattern, _ = write_corpus(tmp_path)
+    args = ("--source", "files:" + pattern, *BUDGETS)
+    assert prep(*args, "--out_dir", tmp_path / "clean") is None
+    calls, write_shard = [], pd.write_shard
+
+    def dies(path, tokens):
+        calls.append(path)
+        if len(calls) == dies_at:
+            raise KeyboardInterrupt
+        write_shard(path, tokens)
+    monkeypatch.setattr(pd, "write_shard", dies)
+    assert prep(*args, "--out_dir", tmp_path / "resumed") == 130
+    monkeypatch.setattr(pd, "write_shard", write_shard)
+    assert prep(*args, "--out_dir", tmp_path / "resumed") is None
+    clean, resumed = snapshot(tmp_path / "clean"), snapshot(tmp_path / "resumed")
+    assert {k: v[1] for k, v in clean.items()} == {k: v[1] for k, v in resumed.items()}
+
+
+def test_a_shard_that_is_not_what_meta_says_is_refused(corpus, tmp_path):
+    """P07 (the first-token <|bos|> check dropped), P16 (the header's bytes per token not compared with
+    meta's dtype: a uint32 shard of the same count is read as uint16 garbage)."""
+    out = tmp_path / "d"
+    shutil.copytree(corpus[2], out)
+    meta = pd.load_meta(out)
+    shard = meta["train_shards"][0]
+    path = str(out / shard["file"])
+    tokens = np.array(pd.load_tokens(out, "train")[0])
+    pd.write_shard(path, tokens.astype(np.uint32))  # a valid shard, of another width
+    with pytest.raises(pd.DataError, match="header says .* tokens of 4 bytes, meta says .* of 2"):
+        pd.load_tokens(out, "train")
+    tokens[0] = 1
+    pd.write_shard(path, tokens)  # the right width, but it does not begin a document
+    with pytest.raises(pd.DataError, match="does not start with the bos token"):
+        pd.load_tokens(out, "train")
+
+
+def test_bos_decodes_as_its_text(corpus):
+    """P12 (decode() drops <|bos|>: its docstring says bos decodes as its text)."""
+    tok = pd.load_tokenizer(corpus[2])
+    ids = [tok.bos_id] + tok.encode("the bank")
+    assert tok.decode(ids) == "<|bos|>the bank"

@@ -749,3 +749,53 @@ def test_time_decode_rates_count_the_prefilled_and_decoded_tokens():
             return tok
     prefill, decode = bench.time_decode([Fake(), Fake()], 40, 4, (0, 1))
     assert prefill == [2 * 36 / 0.5] * 2 and decode == [2 * 4 / (4 * 0.5)] * 2
+
+
+# from a mutation audit of bench.py (the audit's mutant IDs in the docstrings)
+
+def test_measure_leaves_the_warm_up_round_out(monkeypatch):
+    """B01 (no warm-up round: the first timed round pays for cold caches, or compiling), B02 and B03 (the
+    warm-up's decode / train timings counted with the timed rounds)."""
+    calls = {"decode": 0, "train": [0, 0]}
+
+    def fake_time_decode(benches, context, steps, order):
+        calls["decode"] += 1
+        first = calls["decode"] == 1  # the warm-up: slow
+        return [1.0, 1.0] if first else [1000.0, 3000.0], [1.0, 1.0] if first else [10.0, 15.0]
+
+    class Fake:
+        def __init__(self, k):
+            self.k = k
+
+        def time_train_step(self):
+            calls["train"][self.k] += 1
+            return 1e6 if calls["train"][self.k] == 1 else 10.0 * (self.k + 1)
+
+        def memory(self, context, steps):
+            return 1, 1
+
+    monkeypatch.setattr(bench, "time_decode", fake_time_decode)
+    out = bench.measure([Fake(0), Fake(1)], [16], 4, 3, lambda msg: None)
+    assert calls == {"decode": 4, "train": [4, 4]}  # 3 rounds after one warm-up
+    assert out["per_round"]["decode"]["16"] == ([10.0] * 3, [15.0] * 3)
+    assert out["per_round"]["train_ms"] == ([10.0] * 3, [20.0] * 3)
+    assert out["prefill_tok_s"][16]["a"] == 1000.0 and out["train_step_ms"]["ratio"] == 2.0
+
+
+def test_cpu_peak_bytes_count_what_is_live_at_once():
+    """B12 (a storage never freed: the peak is everything allocated), B13 (peak = the bytes live at the end)."""
+    weights = torch.zeros(1000)  # 4,000 bytes that exist before
+
+    def fn():
+        a = torch.ones(2000)  # 8,000
+        b = a * 2             # 8,000 more: the peak
+        del a, b
+        torch.ones(10)        # 40, after both are freed
+
+    assert bench.peak_bytes("cpu", fn, lambda: [weights]) == 4000 + 8000 + 8000
+
+
+def test_the_same_preset_twice_saves_nothing():
+    """B10 (`extra_tables <= 0`: A against itself reported as "saves memory at every context")."""
+    cfg = GPTConfig.preset("paper_135m", "bov")
+    assert bench.kv_memory(cfg, cfg, batch=4)["breakeven_tokens"] is None

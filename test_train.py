@@ -956,3 +956,172 @@ def test_table_lr_and_weight_decay_reach_the_optimizers_and_bind_a_resume(data_d
     train.main([*base, "--table_lr=0.05", "--weight_decay=0.1", "--resume"])
     with pytest.raises(train.ConfigError, match=re.escape(f"final_lr_frac={train.final_lr_frac} there, 0.5 here")):
         train.main([*base, "--table_lr=0.05", "--weight_decay=0.1", "--final_lr_frac=0.5", "--resume"])
+
+
+# ---------------------------------------------------------------------------- from a mutation audit of train.py
+# (the audit's mutant IDs in the docstrings)
+
+# schedule and budget
+
+def test_warmup_ends_at_the_peak_and_the_schedule_never_exceeds_it():
+    """T01 (`step <= warmup`: lrm 1.025 at step == warmup), T07 (no `max(1, ...)`: a tiny budget plans 0 steps)."""
+    for total, warmup in ((100, 40), (7, 2), (3, 5)):
+        lrms = [train.lr_multiplier(k, total, warmup, 0.35, 0.05) for k in range(total)]
+        assert max(lrms) <= 1.0
+    assert train.lr_multiplier(40, 100, 40, 0.35, 0.05) == 1.0
+    s, _ = train.resolve_settings(["--size=paper_135m", "--target_tokens=1000"])  # far below one step's 524,288 tokens
+    assert train.plan_iterations(s, 1) == 1
+
+
+def test_a_run_applies_the_schedule_to_every_optimizer_and_logs_tokens_and_flops(data_dir, tmp_path):
+    """T16 (`g["lr"] *= lrm`: the schedule compounds), T17 (only the first optimizer scheduled: AdamW at its
+    peak throughout), T18 (lr_multiplier(step + 1): the schedule one step early), T23 (an eval record's flops
+    without the batch tokens), T24 (its tokens from the device batch), T37 (the last step not logged when
+    log_interval does not divide it)."""
+    out = tmp_path / "run"
+    iters, warmup = 7, 2
+    train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", f"--max_iters={iters}", "--eval_interval=3",
+                "--log_interval=2", "--variant=bov"])
+    want = lambda step: train.lr_multiplier(step, iters, warmup, 0.35, 0.05)  # TINY: warmup 2, default warmdown
+    logged = records(str(out), "train")
+    assert [r["step"] for r in logged] == [2, 4, 6, 7]
+    assert all(r["lrm"] == pytest.approx(want(r["step"] - 1)) for r in logged)  # record `step` follows the step it logs
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    groups = [g for opt in ckpt["optimizers"] for g in opt["param_groups"]]
+    assert len(groups) >= 2
+    for g in groups:  # every group of every optimizer, at the last step's multiplier
+        assert g["lr"] == pytest.approx(g["initial_lr"] * want(iters - 1)), g.get("name")
+    fpt = GPT.meta(GPTConfig(**ckpt["model_config"])).estimate_flops()
+    for r in records(str(out), "eval"):
+        assert r["tokens"] == r["step"] * 128 and r["flops"] == r["tokens"] * fpt
+
+
+def test_accumulated_gradients_are_the_mean_over_micro_batches(data_dir, tmp_path, monkeypatch, capsys):
+    """T19 (`loss.backward()` without / accum: the gradient is accum times too large; Muon and AdamW all but hide
+    it, so no loss comparison sees it). The first step's gradient with 2 micro-batches of 4 rows matches that of
+    one batch of the same 8 rows (up to the per-micro-batch token means). T44 (the console's smoothed loss fed
+    loss x accum): the logged loss of step 1 is the recorded one, with accumulation too."""
+    grads = []
+    configure = GPT.configure_optimizers
+
+    def spy(self, *a, **k):
+        opts = configure(self, *a, **k)
+        step = opts[0].step
+
+        def recording(*x, **y):
+            if not grads or len(grads[-1]) == 0:
+                grads[-1].append(torch.cat([p.grad.flatten() for p in self.parameters() if p.grad is not None]))
+            return step(*x, **y)
+        opts[0].step = recording
+        return opts
+    monkeypatch.setattr(GPT, "configure_optimizers", spy)
+    for bs in (4, 8):  # accumulation 2, then 1
+        grads.append([])
+        train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / str(bs)}", "--max_iters=1",
+                    "--total_batch_tokens=256", f"--device_batch_size={bs}"])
+        logged = float(re.search(r"^step 1/1 \| loss ([\d.]+)", capsys.readouterr().out, re.M).group(1))
+        assert logged == pytest.approx(records(str(tmp_path / str(bs)), "train")[0]["loss"], abs=1e-4)
+    (g2,), (g1,) = grads
+    assert g2.norm() / g1.norm() == pytest.approx(1.0, abs=0.1)
+    assert torch.nn.functional.cosine_similarity(g1, g2, dim=0) > 0.98
+
+
+# resume and metrics
+
+def test_a_resume_keeps_the_metrics_file_and_does_not_repeat_the_evaluation(data_dir, tmp_path, monkeypatch):
+    """T25 (evaluated_step = None: the resumed step is evaluated again, a second eval record at that step in
+    metrics.jsonl), T35 (metrics.jsonl not rewritten on resume: the `elif` removes it, and a resume stopped
+    before its next checkpoint leaves a checkpoint without metrics)."""
+    out = tmp_path / "run"
+    args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=4", "--eval_interval=2"]
+    write_jsonl = train.write_jsonl
+
+    def stop_after_step_2(path, recs):
+        write_jsonl(path, recs)
+        if any(r["type"] == "eval" and r["step"] == 2 for r in recs):
+            raise KeyboardInterrupt
+    monkeypatch.setattr(train, "write_jsonl", stop_after_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(args)
+    monkeypatch.setattr(train, "write_jsonl", write_jsonl)
+    saved = torch.load(out / "ckpt.pt", weights_only=True)["metrics"]
+    assert saved[-1]["step"] == 2
+
+    evaluate = train.evaluate
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train, "evaluate", stop)  # the resumed run stops at its next evaluation
+    with pytest.raises(KeyboardInterrupt):
+        train.main([*args, "--resume"])
+    with open(out / "metrics.jsonl") as f:
+        assert [json.loads(line) for line in f] == saved
+
+    monkeypatch.setattr(train, "evaluate", evaluate)
+    train.main([*args, "--resume"])
+    assert [r["step"] for r in records(str(out), "eval")] == [0, 2, 4]
+
+
+# validation rows and evaluate
+
+def test_val_rows_stop_at_the_end_of_a_short_split():
+    """T30 (`len(data) // T`: a split of a whole number of rows' worth of tokens asks for one row too many,
+    which is a token short, and np.stack fails)."""
+    rows = train.val_rows([np.arange(96)], 8, 10 ** 6)  # eval_tokens beyond the split
+    assert rows.shape == (11, 9) and rows[-1, -1] == 88
+
+
+def test_evaluate_reads_only_its_ranks_rows(monkeypatch):
+    """T27 (every rank evaluates every row: the all-reduced ratios come out the same, at world times the work)."""
+    V, T = 50, 8
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("cpu", "bov", n_layer=1, n_embd=16, n_head=2, vocab_size=V, block_size=T))
+    rows = np.random.default_rng(0).integers(0, V, size=(8, T + 1))
+    tb = np.ones(V, dtype=np.int32)
+    monkeypatch.setattr(train.dist, "all_reduce", lambda t, *a, **k: None)  # this rank's own sums
+    cpu = torch.device("cpu")
+    got = train.evaluate(model, rows, tb, 2, cpu, train.nullcontext(), rank=1, world=2)
+    mine = train.evaluate(model, rows[[2, 3, 6, 7]], tb, 2, cpu, train.nullcontext())
+    assert got == pytest.approx(mine)
+
+
+# the loader
+
+def random_docs(seed, lengths):
+    rng = np.random.default_rng(seed)
+    return [np.concatenate([[0], rng.integers(1, 50, size=n)]) for n in rng.integers(*lengths, size=400)]
+
+
+def test_rows_closed_for_the_open_row_cap_are_kept(monkeypatch):
+    """T09 (the fullest open row dropped, not packed, when OPEN_ROWS are open: tokens silently lost, only on
+    a corpus large enough, e.g. climbmix), T10 (the emptiest closed instead: a fifth more rows of padding)."""
+    bos, T = 0, 16
+    docs = random_docs(2, (1, 16))
+    shards = [np.concatenate(docs)]
+    uncapped = train.Batches(shards, bos, T, seed=0).rows_per_epoch()
+    monkeypatch.setattr(train.Batches, "OPEN_ROWS", 8)
+    loader = train.Batches(shards, bos, T, seed=0)
+    ptr, segs = loader.plan(0)
+    target = np.zeros(len(shards[0]), dtype=int)
+    for r in range(len(ptr) - 1):
+        positions = np.concatenate([np.arange(s, s + n) for s, n in segs[ptr[r]:ptr[r + 1]]])
+        target[positions[1:]] += 1
+    assert (target[shards[0] != bos] == 1).all()  # every token a target once, with the cap in force
+    assert len(ptr) - 1 <= 1.05 * uncapped  # closing the fullest row keeps the packing tight
+
+
+def test_best_fit_takes_a_row_the_piece_fills_exactly():
+    """T15 (bisect for room n + 1: a piece never goes into a row it would fill exactly)."""
+    docs = [np.concatenate([[0], np.arange(1, 10)]), np.concatenate([[0], np.arange(1, 7)])]  # 10 + 7 = T + 1
+    assert train.Batches([np.concatenate(docs)], 0, 16, seed=0).rows_per_epoch() == 1
+
+
+def test_rows_are_shuffled_not_served_in_packing_order():
+    """T08 (the final row permutation dropped: a long document's rows come one after another, so a batch holds
+    consecutive windows of one document, and all the packed short documents come last)."""
+    T = 16
+    loader = train.Batches([np.concatenate(random_docs(3, (1, 120))[:60])], 0, T, seed=0)
+    ptr, segs = loader.plan(0)
+    first = segs[ptr[:-1]]
+    consecutive = sum(1 for a, b in zip(first, first[1:]) if b[0] == a[0] + T)
+    assert consecutive < 0.05 * len(first)
