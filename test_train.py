@@ -440,7 +440,9 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
         assert f"--resume: {ckpt} {expected}" == error([*base, "--resume"])
     before_table_lr = {k: v for k, v in good["train_config"].items() if k != "table_lr"}  # a checkpoint from before a setting
     torch.save({**good, "train_config": before_table_lr}, ckpt)
-    assert f"--resume: {ckpt} was trained with other settings (table_lr=None there, " in error([*base, "--resume"])
+    refusal = error([*base, "--resume"])  # what the run used before the setting existed is not known: refused
+    assert refusal.startswith(f"--resume: {ckpt} was trained with other settings (table_lr=None there, ")
+    assert refusal.endswith("(table_lr not recorded there: the checkpoint predates the setting, so this code cannot resume it)")
     # the data folder is compared as a folder: the same data by another path resumes, other data does not
     open(ckpt, "wb").write(before)
     link = tmp_path / "same_data"
@@ -950,12 +952,7 @@ def test_table_lr_and_weight_decay_reach_the_optimizers_and_bind_a_resume(data_d
                            ("--weight_decay=0.2", "weight_decay=0.1 there, 0.2 here")):
         with pytest.raises(train.ConfigError, match=re.escape(expected)):
             train.main([*base, "--table_lr=0.05", "--weight_decay=0.1", flag, "--resume"])
-    # a checkpoint from before a setting existed: the setting reads as its default there, and the run resumes
-    del ckpt["train_config"]["final_lr_frac"]
-    torch.save(ckpt, tmp_path / "run" / "ckpt.pt")
-    train.main([*base, "--table_lr=0.05", "--weight_decay=0.1", "--resume"])
-    with pytest.raises(train.ConfigError, match=re.escape(f"final_lr_frac={train.final_lr_frac} there, 0.5 here")):
-        train.main([*base, "--table_lr=0.05", "--weight_decay=0.1", "--final_lr_frac=0.5", "--resume"])
+
 
 
 # ---------------------------------------------------------------------------- from a mutation audit of train.py

@@ -496,9 +496,7 @@ def load_resume(path, s, model_config, tok_sha, data_counts):
     must_match = ("seed", "total_batch_tokens", "target_flops", "target_tokens", "max_iters", "matrix_lr",
                   "embedding_lr", "unembedding_lr", "scalar_lr", "table_lr", "weight_decay", "warmup_iters",
                   "warmdown_frac", "final_lr_frac")
-    # a setting added to train.py after the checkpoint was written reads as its default there
-    saved = {**{k: globals()[k] for k in TRAIN_KEYS}, **SIZE_DEFAULTS[s["size"]], **ckpt["train_config"]}
-    budgets = ("target_flops", "target_tokens", "max_iters")
+    saved, budgets = ckpt["train_config"], ("target_flops", "target_tokens", "max_iters")
     # short where exact (1e+07, not 10000000.0), every digit where not (0.0123456789)
     show = lambda v: (f"{v:g}" if float(f"{v:g}") == v else repr(v)) if isinstance(v, float) else str(v)
     differ = [k for k in must_match if saved.get(k) != s[k]]
@@ -509,7 +507,10 @@ def load_resume(path, s, model_config, tok_sha, data_counts):
         raise ConfigError(f"--resume: {path} was trained with other settings ({diff}); use the same ones"
                           + (f" ({flags})" if flags else "")
                           + (" (the learning-rate schedule is planned from the budget, so a run cannot be lengthened)"
-                             if any(k in budgets for k in differ) else ""))
+                             if any(k in budgets for k in differ) else "")
+                          # a setting added to train.py after the checkpoint: what the run used then is unknown
+                          + (f" ({', '.join(k for k in differ if k not in saved)} not recorded there: the checkpoint "
+                             f"predates the setting, so this code cannot resume it)" if any(k not in saved for k in differ) else ""))
     return ckpt
 
 
