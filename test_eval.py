@@ -529,8 +529,8 @@ def test_a_bundle_behind_a_proxy_is_reachable_through_the_proxy(tmp_path, monkey
     assert not ev.url_reachable("https://bundle.example.invalid/eval_bundle.zip", timeout=2)
 
 
-def test_host_out_of_memory_names_batch_size(tmp_path, monkeypatch):
-    """The host allocator's RuntimeError, not only CUDA's OutOfMemoryError, gets the --batch_size hint."""
+def a_run_that_loads_nothing(tmp_path, monkeypatch):
+    """(bundle, ckpt) for ev.main: a one-task bundle and an empty ckpt.pt whose loading is stubbed out."""
     bundle = write_bundle(tmp_path / "b", {"copa": fixture_items("copa", 5)})
     ckpt = tmp_path / "run" / "ckpt.pt"
     ckpt.parent.mkdir()
@@ -538,6 +538,12 @@ def test_host_out_of_memory_names_batch_size(tmp_path, monkeypatch):
     model = type("M", (), {"config": type("C", (), {"vocab_size": 128})})()
     monkeypatch.setattr(ev.GPT, "from_checkpoint", classmethod(lambda cls, *a: (model, {})))
     monkeypatch.setattr(ev, "checkpoint_tokenizer", lambda *a: None)
+    return bundle, ckpt
+
+
+def test_host_out_of_memory_names_batch_size(tmp_path, monkeypatch):
+    """The host allocator's RuntimeError, not only CUDA's OutOfMemoryError, gets the --batch_size hint."""
+    bundle, ckpt = a_run_that_loads_nothing(tmp_path, monkeypatch)
 
     for error in (RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
                                "you tried to allocate 68719476736 bytes. Error code 12 (Cannot allocate memory)"),
@@ -551,13 +557,7 @@ def test_host_out_of_memory_names_batch_size(tmp_path, monkeypatch):
 
 
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
-    bundle = write_bundle(tmp_path / "b", {"copa": fixture_items("copa", 5)})
-    ckpt = tmp_path / "run" / "ckpt.pt"
-    ckpt.parent.mkdir()
-    ckpt.write_bytes(b"")
-    model = type("M", (), {"config": type("C", (), {"vocab_size": 128})})()
-    monkeypatch.setattr(ev.GPT, "from_checkpoint", classmethod(lambda cls, *a: (model, {})))
-    monkeypatch.setattr(ev, "checkpoint_tokenizer", lambda *a: None)
+    bundle, ckpt = a_run_that_loads_nothing(tmp_path, monkeypatch)
 
     def ctrl_c(*a):
         raise KeyboardInterrupt
