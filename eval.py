@@ -462,7 +462,7 @@ def main(argv=None):
     if not os.path.isfile(args.ckpt):  # before the bundle, which may be a download
         sys.exit(f"eval.py: error: {no_checkpoint(args.ckpt)}")
     partial = args.tasks is not None or args.max_per_task is not None
-    if args.out is not None and (not args.out or os.path.realpath(args.out) == os.path.realpath(args.ckpt)):
+    if args.out is not None and (not args.out or (os.path.exists(args.out) and os.path.samefile(args.out, args.ckpt))):
         p.error(f"--out {args.out!r} is " + ("empty" if not args.out else "the checkpoint itself") + "; name a results file")
     out = os.path.abspath(args.out) if args.out else \
         os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "core_eval_partial.json" if partial else "core_eval.json")

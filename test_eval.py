@@ -732,7 +732,9 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         ev.main(["--ckpt", str(ckpt), "--bundle", bundle, "--out", str(tmp_path / "nowhere" / "r.json")])
     assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: cannot write the results to {tmp_path / 'nowhere' / 'r.json'}")
-    for bad, why in (("", "'' is empty"), (str(ckpt), f"{str(ckpt)!r} is the checkpoint itself")):
+    os.link(ckpt, tmp_path / "hard_link.pt")  # another name for the same file
+    for bad, why in (("", "'' is empty"), (str(ckpt), f"{str(ckpt)!r} is the checkpoint itself"),
+                     (str(tmp_path / "hard_link.pt"), f"{str(tmp_path / 'hard_link.pt')!r} is the checkpoint itself")):
         with pytest.raises(SystemExit):
             ev.main(["--ckpt", str(tmp_path / "run"), "--bundle", bundle, "--out", bad])
         assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: --out {why}; name a results file")

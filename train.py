@@ -504,13 +504,14 @@ def load_resume(path, s, model_config, tok_sha, data_counts):
         diff = ", ".join(f"{k}={show(saved.get(k))} there, {show(s[k])} here" for k in differ)
         # the flags that give the checkpoint's settings (a budget left 0 there follows from the one given)
         flags = " ".join(f"--{k}={show(saved[k])}" for k in differ if k in saved and not (k in budgets and not saved[k]))
+        unrecorded = [k for k in differ if k not in saved]  # settings added to train.py after the checkpoint was written
+        if unrecorded:  # what the run used before they existed is unknown: no flags can give it
+            raise ConfigError(f"--resume: {path} was trained with other settings ({diff}): {', '.join(unrecorded)} not "
+                              f"recorded there, the checkpoint predates the setting, so this code cannot resume it")
         raise ConfigError(f"--resume: {path} was trained with other settings ({diff}); use the same ones"
                           + (f" ({flags})" if flags else "")
                           + (" (the learning-rate schedule is planned from the budget, so a run cannot be lengthened)"
-                             if any(k in budgets for k in differ) else "")
-                          # a setting added to train.py after the checkpoint: what the run used then is unknown
-                          + (f" ({', '.join(k for k in differ if k not in saved)} not recorded there: the checkpoint "
-                             f"predates the setting, so this code cannot resume it)" if any(k not in saved for k in differ) else ""))
+                             if any(k in budgets for k in differ) else ""))
     return ckpt
 
 
@@ -753,6 +754,7 @@ def run(argv):
     s, model_overrides = resolve_settings(argv)
     RUN["ckpt"] = os.path.join(s["out_dir"], CKPT)
     ddp, rank, _, world = ranks()  # (False, 0, _, 1) without torchrun
+    RUN["rank"] = rank  # the stop line is rank 0's
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
 
@@ -934,7 +936,7 @@ if __name__ == "__main__":
         main(sys.argv[1:])
     except KeyboardInterrupt:
         sig = RUN.get("signal", signal.SIGINT)
-        if os.environ.get("RANK", "0") == "0":  # under torchrun, one line for the run, not one per rank
+        if RUN.get("rank", 0) == 0:  # under torchrun, one line for the run, not one per rank
             print(f"{'terminated (SIGTERM)' if sig == signal.SIGTERM else 'interrupted'}; {stopped_note()}", file=sys.stderr)
         sys.exit(128 + sig)  # 130 after Ctrl-C, 143 after SIGTERM, as a shell reports them
     except BrokenPipeError:  # the reader of stdout left (`python train.py | head`): stop, like Ctrl-C, in one line
