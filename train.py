@@ -502,12 +502,12 @@ def load_resume(path, s, model_config, tok_sha, data_counts):
     differ = [k for k in must_match if saved.get(k) != s[k]]
     if differ:
         diff = ", ".join(f"{k}={show(saved.get(k))} there, {show(s[k])} here" for k in differ)
-        # the flags that give the checkpoint's settings (a budget left 0 there follows from the one given)
-        flags = " ".join(f"--{k}={show(saved[k])}" for k in differ if k in saved and not (k in budgets and not saved[k]))
         unrecorded = [k for k in differ if k not in saved]  # settings added to train.py after the checkpoint was written
         if unrecorded:  # what the run used before they existed is unknown: no flags can give it
             raise ConfigError(f"--resume: {path} was trained with other settings ({diff}): {', '.join(unrecorded)} not "
                               f"recorded there, the checkpoint predates the setting, so this code cannot resume it")
+        # the flags that give the checkpoint's settings (a budget left 0 there follows from the one given)
+        flags = " ".join(f"--{k}={show(saved[k])}" for k in differ if not (k in budgets and not saved[k]))
         raise ConfigError(f"--resume: {path} was trained with other settings ({diff}); use the same ones"
                           + (f" ({flags})" if flags else "")
                           + (" (the learning-rate schedule is planned from the budget, so a run cannot be lengthened)"
