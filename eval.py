@@ -461,6 +461,9 @@ def main(argv=None):
     args.ckpt = checkpoint_file(args.ckpt)  # a run's folder: its ckpt.pt
     if not os.path.isfile(args.ckpt):  # before the bundle, which may be a download
         sys.exit(f"eval.py: error: {no_checkpoint(args.ckpt)}")
+    if not zipfile.is_zipfile(args.ckpt):  # torch.save writes a zip: a truncated copy has lost its directory
+        sys.exit(f"eval.py: error: cannot read checkpoint {args.ckpt}: not a checkpoint train.py wrote, or damaged "
+                 "(not a complete zip archive)")
     partial = args.tasks is not None or args.max_per_task is not None
     if args.out is not None and (not args.out or (os.path.exists(args.out) and os.path.samefile(args.out, args.ckpt))):
         p.error(f"--out {args.out!r} is " + ("empty" if not args.out else "the checkpoint itself") + "; name a results file")

@@ -746,7 +746,7 @@ class GPT(nn.Module):
         try:
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # truncated, damaged, or not a torch file; never retried without weights_only
-            why = "a weights-only load refused its contents" if "weights_only" in str(e) else (str(e).splitlines() or [type(e).__name__])[0]
+            why = "a weights-only load refused its contents" if "weights_only" in str(e) else first_line(e, None)
             raise ValueError(f"cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged ({why})") from None
         try:
             config = GPTConfig(**ckpt["model_config"])

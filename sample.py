@@ -120,7 +120,7 @@ def check_device(device):
             raise RuntimeError("the meta device holds no data")
         torch.zeros(1, device=device)
     except (AssertionError, RuntimeError, NotImplementedError) as e:
-        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        why = first_line(e, None)
         if why.startswith("Expected one of"):  # torch lists every device type it knows: too long for one line
             why = "not a device type torch knows (cpu, cuda, cuda:N, mps, ...)"
         elif why.startswith("Could not run"):  # no kernels for the device: a build without its backend

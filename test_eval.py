@@ -529,12 +529,17 @@ def test_a_bundle_behind_a_proxy_is_reachable_through_the_proxy(tmp_path, monkey
     assert not ev.url_reachable("https://bundle.example.invalid/eval_bundle.zip", timeout=2)
 
 
+def empty_zip(path):
+    """A stand-in checkpoint for runs whose loading is stubbed out: a whole zip, as torch.save writes, holding nothing."""
+    zipfile.ZipFile(path, "w").close()
+
+
 def a_run_that_loads_nothing(tmp_path, monkeypatch):
     """(bundle, ckpt) for ev.main: a one-task bundle and an empty ckpt.pt whose loading is stubbed out."""
     bundle = write_bundle(tmp_path / "b", {"copa": fixture_items("copa", 5)})
     ckpt = tmp_path / "run" / "ckpt.pt"
     ckpt.parent.mkdir()
-    ckpt.write_bytes(b"")
+    empty_zip(ckpt)
     model = type("M", (), {"config": type("C", (), {"vocab_size": 128})})()
     monkeypatch.setattr(ev.GPT, "from_checkpoint", classmethod(lambda cls, *a: (model, {})))
     monkeypatch.setattr(ev, "checkpoint_tokenizer", lambda *a: None)
@@ -573,7 +578,7 @@ def test_a_run_folder_is_read_as_its_ckpt_pt(tmp_path, monkeypatch):
     bundle = write_bundle(tmp_path / "b", {"copa": fixture_items("copa", 5)})
     run = tmp_path / "run"
     run.mkdir()
-    (run / "ckpt.pt").write_bytes(b"")
+    empty_zip(run / "ckpt.pt")
     loaded = []
     model = type("M", (), {"config": type("C", (), {"vocab_size": 128})})()
     monkeypatch.setattr(ev.GPT, "from_checkpoint", classmethod(lambda cls, path, *a: loaded.append(path) or (model, {})))
@@ -600,7 +605,7 @@ def test_sigterm_during_the_download_leaves_no_partial_file(tmp_path):
             except OSError:  # the test is over and closed the server
                 pass
         threading.Thread(target=stall, daemon=True).start()
-        (tmp_path / "ckpt.pt").write_bytes(b"not read before the bundle")
+        empty_zip(tmp_path / "ckpt.pt")  # not read before the bundle
         env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"),
                    BOV_EVAL_BUNDLE_URL=f"http://127.0.0.1:{srv.getsockname()[1]}/eval_bundle.zip")
         p = subprocess.Popen([sys.executable, os.path.join(HERE, "eval.py"), "--ckpt", str(tmp_path / "ckpt.pt"),
@@ -616,7 +621,7 @@ def test_sigterm_during_the_download_leaves_no_partial_file(tmp_path):
 
 
 def test_an_empty_task_list_is_refused(tmp_path):
-    (tmp_path / "ckpt.pt").write_bytes(b"x")
+    empty_zip(tmp_path / "ckpt.pt")
     with pytest.raises(SystemExit, match=r"unknown task\(s\) \(none given\)"):
         ev.main(["--ckpt", str(tmp_path / "ckpt.pt"), "--tasks", ""])  # not all 21 tasks, as when --tasks is left out
     assert not (tmp_path / "core_eval.json").exists()
@@ -624,7 +629,7 @@ def test_an_empty_task_list_is_refused(tmp_path):
 
 def test_two_runs_on_one_checkpoint_write_through_their_own_temporary_files(tmp_path, monkeypatch):
     ckpt = tmp_path / "ckpt.pt"
-    ckpt.write_bytes(b"")
+    empty_zip(ckpt)
     model = SimpleNamespace(config=SimpleNamespace(vocab_size=128))
     monkeypatch.setattr(ev, "get_bundle", lambda path: "bundle")
     monkeypatch.setattr(ev, "GPT", SimpleNamespace(from_checkpoint=lambda *a: (model, {})))
@@ -665,7 +670,7 @@ def test_no_bundle_offline_is_one_clear_line_and_fast(tmp_path, monkeypatch):
     monkeypatch.undo()
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    (tmp_path / "ckpt.pt").write_bytes(b"")  # the checkpoint is only checked to exist before the bundle, not read
+    empty_zip(tmp_path / "ckpt.pt")  # before the bundle the checkpoint is only checked to be a whole zip, not loaded
     r = run_cli("--ckpt", tmp_path / "ckpt.pt", env=env)  # the bundle is checked before the checkpoint is loaded
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("eval.py: error:")
@@ -739,6 +744,11 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
             ev.main(["--ckpt", str(tmp_path / "run"), "--bundle", bundle, "--out", bad])
         assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: --out {why}; name a results file")
     GPT.from_checkpoint(str(ckpt))  # still a checkpoint
+    truncated = tmp_path / "truncated.pt"  # a copy cut short: refused before the bundle is looked for
+    truncated.write_bytes(ckpt.read_bytes()[:-100])
+    with pytest.raises(SystemExit, match=rf"^eval.py: error: cannot read checkpoint {truncated}: not a checkpoint train.py "
+                       r"wrote, or damaged \(not a complete zip archive\)$"):
+        ev.main(["--ckpt", str(truncated), "--bundle", str(tmp_path / "nowhere")])
     r = finish(on_full, 120)  # the full stdout: one line naming the file, which holds the results
     partial = tmp_path / "full_stdout" / "core_eval_partial.json"
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == ("eval.py: could not print the table (No space left "
@@ -830,7 +840,7 @@ def test_schema_shots_show_their_gold_option():
 def test_max_per_task_alone_never_replaces_a_full_result(tmp_path, monkeypatch):
     """Mutant E5 (main): `partial = bool(args.tasks)`, so --max_per_task without --tasks writes core_eval.json."""
     ckpt = tmp_path / "ckpt.pt"
-    ckpt.write_bytes(b"")
+    empty_zip(ckpt)
     (tmp_path / "core_eval.json").write_text("the full result")
     model = SimpleNamespace(config=SimpleNamespace(vocab_size=128))
     monkeypatch.setattr(ev, "get_bundle", lambda path: "bundle")
