@@ -127,10 +127,14 @@ def kv_memory(cfg_a, cfg_b, batch, dtype=KV_DTYPE):
         breakeven = 0  # the same cache, fewer table bytes: B saves from the first token
     else:
         breakeven = None  # B saves no cache per token
+    first_saving = lambda tokens: math.floor(tokens) + 1 if tokens is not None else None  # at the root itself, B saves 0
     return dict(dtype=str(dtype).replace("torch.", ""), batch=batch, rows=rows, breakeven_tokens=breakeven,
                 # eq. 6's root T = (tables added) |V| / (V-free layers added): |V| for BoV against the baseline
                 breakeven_paper=n_tables * V // n_vfree if n_tables > 0 and n_vfree > 0 else None,
-                breakeven_context_batch=breakeven / batch if breakeven is not None else None)
+                breakeven_context_batch=breakeven / batch if breakeven is not None else None,
+                # the shortest whole contexts at which B saves bytes: one sequence, and each of the batch's
+                saves_from_context=first_saving(breakeven),
+                saves_from_context_batch=first_saving(breakeven / batch if breakeven is not None else None))
 
 
 def measured_flops(cfg, device):
@@ -563,10 +567,11 @@ def report(r):
         elif be == 0:
             breakeven = "none needed (B adds no table bytes and saves memory at every context)"
         else:
-            breakeven = f"T = {be:,.0f} tokens for one sequence"
+            breakeven = f"T = {be:,.1f} tokens for one sequence"
             if paper is not None:
                 breakeven += f" (eq. 6: T = {paper:,})"
-            breakeven += f"; B*T = {be:,.0f}, i.e. T = {kv['breakeven_context_batch']:,.0f} for the batch"
+            breakeven += (f", B saves from T = {kv['saves_from_context']:,}; for the batch, T = "
+                          f"{kv['breakeven_context_batch']:,.1f} (B*T = {be:,.1f}), B saves from T = {kv['saves_from_context_batch']:,}")
         lines.append(f"  breakeven: {breakeven}")
         lines.append(f"  {'context':>8} {'A / seq':>11} {'B / seq':>11} {'A / batch':>11} {'B / batch':>11} "
                      f"{'saving / seq':>13} {'saving / batch':>15}")

@@ -217,8 +217,9 @@ VARIANTS = {
     "bov_fixed_coeff": _v(_LAST, "table", coeff="fixed"),       # v = E_v[i], no gamma_v
     "bov_every_layer": _v(_ALL, "table"),                       # a table in every layer
     "bov_keep_v": _v(_LAST, "table", "add"),                    # v = a V + b E_v[i]
-    # Prior methods: nanochat's gated value embeddings (Tables 3, 5), SVFormer (Fig 1b), and
-    # ResFormer's value residual (Section 6; not one of the paper's runs, its nearest is t1_r10)
+    # Prior methods: gated value embeddings (Tables 3, 5; cited to modded-nanogpt and snimu, the gate's
+    # formula is nanochat's), SVFormer (Fig 1b), and ResFormer's value residual ("Value Residual
+    # Learning", Sections 1 and 6; not one of the paper's runs, its nearest is t1_r10)
     "value_embed_gated": _v(_EVERY, "table", "add", "gated"),   # nanochat / modded-nanogpt value embeddings
     "resformer": _v(_ALL, "v1", "add", "fixed"),                # value residual: 0.5 V + 0.5 V1 after layer 0
     "svformer": _v(_ALL, "v1", coeff="fixed"),                  # V1 replaces V after layer 0

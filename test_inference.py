@@ -453,6 +453,14 @@ def test_bench_kv_memory_follows_eq6(bench_json):
         assert row["net_saving_batch"] == kv["batch"] * (row["seq_bytes_a"] - row["seq_bytes_b"]) - row["table_bytes_b"]
     assert kv["breakeven_paper"] == V and abs(kv["breakeven_tokens"] - V) < 8
     assert kv["breakeven_context_batch"] == pytest.approx(kv["breakeven_tokens"] / kv["batch"])
+    # the shortest context at which BoV saves bytes, from the configs' own cache and table sizes
+    a, b = GPTConfig.preset("paper_780m", "baseline"), GPTConfig.preset("paper_780m", "bov")
+    net = lambda batch, T: batch * (a.kv_cache_bytes(1, T, torch.bfloat16) - b.kv_cache_bytes(1, T, torch.bfloat16)) - b.table_bytes(torch.bfloat16)
+    for batch, first in ((1, kv["saves_from_context"]), (kv["batch"], kv["saves_from_context_batch"])):
+        assert net(batch, first) > 0 >= net(batch, first - 1)
+    lines = bench.report(bench_json).splitlines()
+    line = next(l for l in lines[next(i for i, l in enumerate(lines) if "KV cache at size paper_780m" in l):] if "breakeven:" in l)
+    assert f"B saves from T = {kv['saves_from_context']:,};" in line and line.endswith(f"B saves from T = {kv['saves_from_context_batch']:,}")
 
 
 @pytest.mark.parametrize("a, b, paper, breakeven", [
