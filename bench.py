@@ -590,7 +590,7 @@ def report(r):
     lines.append(f"  B/A bytes per token {c['ratio_per_token']:.6f}, expected ((2L - n_vfree) d s + ids) of B over A "
                  f"{c['ratio_expected']:.6f}")
     s = r["speed"]
-    compiled = "torch.compile'd, " if s.get("compile") else ""  # (--json files from before --compile have no key)
+    compiled = "torch.compile'd, " if s["compile"] else ""
     lines += ["", f"Speed and memory ({compiled}{s['rounds_run']} rounds, A and B interleaved, alternating order; medians; "
               f"B/A = median and quartiles of the per-round ratios)"]
     if s["peak_bytes"] is None:

@@ -31,7 +31,6 @@ always come from the whole task, so an item's prompt is the same in a subset as 
 """
 
 import argparse
-import contextlib
 import csv
 import json
 import os
@@ -56,7 +55,7 @@ from tqdm import tqdm
 
 from model import GPT, checkpoint_file, first_line, no_checkpoint, out_of_memory
 from prepare_data import DataError, connection_text, is_http_url, not_utf8, silence_stdout, url_reachable, write_json
-from sample import check_device, checkpoint_tokenizer
+from sample import autocast, check_device, checkpoint_tokenizer, resolve_dtype
 
 EVAL_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
 
@@ -141,7 +140,7 @@ def get_bundle(path=None, flag="--bundle"):
     return dest
 
 
-def download_bundle(url, dest, flag="--bundle"):
+def download_bundle(url, dest, flag):
     """Download the zip and unpack it into dest. Both steps happen beside dest and end in one
     rename, so dest is either the whole bundle or absent."""
     if not url_reachable(url, timeout=5.0):
@@ -265,10 +264,10 @@ def load_bundle(bundle_dir=None, tasks=None, flag="--bundle"):
 # -----------------------------------------------------------------------------
 # prompts
 
-def fewshot_indices(n, i, k, seed=FEWSHOT_SEED):
-    """k distinct indices of [0, n) other than i, drawn with Random(seed + i). The same draw as
+def fewshot_indices(n, i, k):
+    """k distinct indices of [0, n) other than i, drawn with Random(FEWSHOT_SEED + i). The same draw as
     sampling from the list of all the other indices, without building that list."""
-    rng = random.Random(seed + i)
+    rng = random.Random(FEWSHOT_SEED + i)
     return [j + (j >= i) for j in rng.sample(range(n - 1), min(k, n - 1))]
 
 
@@ -324,13 +323,12 @@ def encode(task, prompts, tokenizer, max_len):
 # scoring
 
 @torch.no_grad()
-def score(model, rows, batch_size, device, pad_id, bar=None):
+def score(model, rows, batch_size, device, pad_id, dtype=torch.float32, bar=None):
     """For rows [(tokens, start, end)]: the summed loss of tokens[start:end] given what precedes
     them, and whether the argmax prediction equals all of them. Batches rows of similar length,
-    padded on the right (a causal model never sees the padding)."""
+    padded on the right (a causal model never sees the padding); the forward runs under --dtype's autocast."""
     losses, right = [0.0] * len(rows), [False] * len(rows)
     order = sorted(range(len(rows)), key=lambda r: -len(rows[r][0]))
-    amp = torch.autocast("cuda", torch.bfloat16) if torch.device(device).type == "cuda" else contextlib.nullcontext()
     for b in range(0, len(order), batch_size):
         chunk = order[b:b + batch_size]
         T = len(rows[chunk[0]][0])
@@ -341,7 +339,7 @@ def score(model, rows, batch_size, device, pad_id, bar=None):
             idx[j, :len(t)] = torch.tensor(t)
             scored[j, s - 1:e - 1] = True
         idx, scored = idx.to(device), scored.to(device)
-        with amp:
+        with autocast(device, dtype):
             logits, _ = model(idx)
         logits = logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32, fp64 stays
         targets = idx[:, 1:]
@@ -365,7 +363,7 @@ def per_byte(loss, row, tokenizer):
     return loss / max(1, len(tokenizer.decode_bytes(tokens[start:end])))
 
 
-def evaluate_task(model, tokenizer, label, data, n=None, device="cpu", batch_size=16, bar=None):
+def evaluate_task(model, tokenizer, label, data, n=None, device="cpu", batch_size=16, bar=None, dtype=torch.float32):
     """Accuracy on the first n items of data (all by default); the few-shot examples of item i
     come from all of data but item i."""
     task = TASKS[label]
@@ -379,7 +377,7 @@ def evaluate_task(model, tokenizer, label, data, n=None, device="cpu", batch_siz
     if bar is not None:
         bar.reset(total=len(rows))
         bar.set_description(label)
-    losses, right = score(model, rows, batch_size, device, tokenizer.bos_id, bar)
+    losses, right = score(model, rows, batch_size, device, tokenizer.bos_id, dtype, bar)
     correct = 0
     for i in range(n):
         a, b = first[i], first[i + 1]
@@ -391,11 +389,13 @@ def evaluate_task(model, tokenizer, label, data, n=None, device="cpu", batch_siz
     return correct / n
 
 
-def evaluate_core(model, tokenizer, bundle_dir=None, tasks=None, max_per_task=None, device=None, batch_size=16, loaded=None):
+def evaluate_core(model, tokenizer, bundle_dir=None, tasks=None, max_per_task=None, device=None, batch_size=16, loaded=None,
+                  dtype=None):
     """Evaluate model (called as model(idx) -> (logits, _), with model.config.block_size) on the
     CORE tasks (all 21 by default) of the bundle (None: the cached or downloaded one), or on
     `loaded`, what load_bundle returned (train.py reads the bundle before training, and only then).
-    max_per_task evaluates the first N items of each task after a fixed shuffle. Returns
+    max_per_task evaluates the first N items of each task after a fixed shuffle. dtype is the autocast
+    dtype (None: bfloat16 on CUDA, float16 without bf16, float32 elsewhere, as --dtype auto). Returns
     {"core", "tasks": {label: {"accuracy", "centered", "random_baseline", "items", "shots", "kind"}},
      "max_per_task", "bundle"}; core is the mean centered accuracy of the tasks evaluated."""
     if max_per_task is not None and max_per_task < 1:
@@ -405,6 +405,8 @@ def evaluate_core(model, tokenizer, bundle_dir=None, tasks=None, max_per_task=No
     bundle, tasks, baselines, items = loaded or load_bundle(bundle_dir, tasks)
     if device is None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    if dtype is None:
+        dtype = resolve_dtype("auto", device)
     was_training = model.training
     model.eval()
     results = {}
@@ -414,7 +416,7 @@ def evaluate_core(model, tokenizer, bundle_dir=None, tasks=None, max_per_task=No
                 t0 = time.time()
                 data = list(items[label])  # shuffled here, the loaded order kept for another call
                 random.Random(SUBSET_SEED).shuffle(data)
-                acc = evaluate_task(model, tokenizer, label, data, max_per_task, device, batch_size, bar)
+                acc = evaluate_task(model, tokenizer, label, data, max_per_task, device, batch_size, bar, dtype)
                 r = baselines[label]
                 results[label] = dict(accuracy=acc, centered=(acc - r) / (1 - r), random_baseline=r,
                                       items=min(len(data), max_per_task or len(data)),
@@ -451,6 +453,8 @@ def main(argv=None):
     p.add_argument("--data_dir", help="prepared-data folder whose tokenizer to use (default: the one in the checkpoint)")
     p.add_argument("--bundle", help="unzipped eval_bundle folder (default: ~/.cache/bov/eval_bundle, downloaded once)")
     p.add_argument("--batch_size", type=int, default=16, help="sequences per forward pass (default 16)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="autocast dtype; auto = bfloat16 (float16 without bf16) on CUDA, float32 elsewhere")
     p.add_argument("--out", help="the results file (default: core_eval.json, or core_eval_partial.json, beside the "
                    "checkpoint); for a checkpoint in a folder you cannot write to")
     args = p.parse_args(argv)
@@ -478,7 +482,8 @@ def main(argv=None):
         bundle = get_bundle(args.bundle)  # before the model: fail fast without the data
         model, ckpt = GPT.from_checkpoint(args.ckpt, args.device)
         tokenizer = checkpoint_tokenizer(args.ckpt, ckpt, model.config.vocab_size, args.data_dir)
-        result = evaluate_core(model, tokenizer, bundle, tasks, args.max_per_task, args.device, args.batch_size)
+        result = evaluate_core(model, tokenizer, bundle, tasks, args.max_per_task, args.device, args.batch_size,
+                               dtype=resolve_dtype(args.dtype, args.device))
     except (EvalError, DataError, OSError, ValueError, RuntimeError, MemoryError) as e:
         if out_of_memory(e):  # on the GPU or the host
             sys.exit(f"eval.py: error: out of memory on {args.device}; lower --batch_size (now {args.batch_size})")

@@ -299,7 +299,7 @@ class Tokenizer:
     """tiktoken.Encoding plus the bos token. encode() is ordinary: special-token text stays text."""
 
     def __init__(self, enc, bos_id):
-        self.enc = enc                # the tiktoken.Encoding, for batch encoding etc.
+        self.enc = enc                # the tiktoken.Encoding (sample.py streams token bytes from it)
         self.bos_id = bos_id
         self.vocab_size = enc.n_vocab
 
@@ -512,7 +512,8 @@ class Source:
     to val; val takes the candidates from the start until it has val_tokens (None: all of them),
     train gets the rest. The tokenizer trains only on rows that are never val candidates. Resuming
     re-reads a stream from its start and skips the rows already done. A new kind of source needs
-    its name in source_kind, a branch in __init__ and in rows(), and its defaults in SOURCE_DEFAULTS."""
+    its name in source_kind, a branch in __init__ and in rows(), its defaults in SOURCE_DEFAULTS, its
+    flags' rules in resolve_config and its command line in prepare_command."""
 
     def __init__(self, spec, column, hf_split):
         self.spec, self.column, self.hf_split = spec, column, hf_split

@@ -553,7 +553,7 @@ def test_host_out_of_memory_names_batch_size(tmp_path, monkeypatch):
     for error in (RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
                                "you tried to allocate 68719476736 bytes. Error code 12 (Cannot allocate memory)"),
                   MemoryError("Unable to allocate 64.0 GiB for an array")):  # Python's or numpy's
-        def oom(*a):
+        def oom(*a, **k):
             raise error
         monkeypatch.setattr(ev, "evaluate_core", oom)
         with pytest.raises(SystemExit) as e:
@@ -561,10 +561,33 @@ def test_host_out_of_memory_names_batch_size(tmp_path, monkeypatch):
         assert e.value.code == "eval.py: error: out of memory on cpu; lower --batch_size (now 4)"
 
 
+def test_dtype_sets_the_autocast_of_the_forward(tmp_path, monkeypatch):
+    """--dtype reaches the model's forward as the autocast dtype (auto is float32 on a CPU: no autocast);
+    the scores under bfloat16 stay the rule model's (its logits are exact in bf16)."""
+    class Recording(RuleModel):
+        def forward(self, idx):
+            self.modes.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else torch.float32)
+            return super().forward(idx)
+    items = fixture_items("copa", 6)
+    bundle = write_bundle(tmp_path / "direct", {"copa": items})
+    for dtype, expect in ((None, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32)):
+        model = Recording()
+        model.modes = []
+        res = ev.evaluate_core(model, CharTokenizer(), bundle, tasks=["copa"], dtype=dtype)
+        assert set(model.modes) == {expect} and res["tasks"]["copa"]["accuracy"] == expected_accuracy(items)
+    bundle, ckpt = a_run_that_loads_nothing(tmp_path, monkeypatch)  # the CLI passes --dtype on
+    seen = []
+    monkeypatch.setattr(ev, "evaluate_core", lambda *a, dtype=None, **k: (seen.append(dtype), {"core": 0.0, "tasks": {},
+                                                                        "max_per_task": None, "bundle": bundle})[1])
+    for flag in (["--dtype", "bfloat16"], [], ["--dtype", "float16"]):
+        ev.main(["--ckpt", str(ckpt), "--device", "cpu", "--bundle", str(bundle), *flag])
+    assert seen == [torch.bfloat16, torch.float32, torch.float16]
+
+
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
     bundle, ckpt = a_run_that_loads_nothing(tmp_path, monkeypatch)
 
-    def ctrl_c(*a):
+    def ctrl_c(*a, **k):
         raise KeyboardInterrupt
     monkeypatch.setattr(ev, "evaluate_core", ctrl_c)
     with pytest.raises(SystemExit) as e:
@@ -583,7 +606,7 @@ def test_a_run_folder_is_read_as_its_ckpt_pt(tmp_path, monkeypatch):
     model = type("M", (), {"config": type("C", (), {"vocab_size": 128})})()
     monkeypatch.setattr(ev.GPT, "from_checkpoint", classmethod(lambda cls, path, *a: loaded.append(path) or (model, {})))
     monkeypatch.setattr(ev, "checkpoint_tokenizer", lambda *a: None)
-    monkeypatch.setattr(ev, "evaluate_core", lambda *a: (_ for _ in ()).throw(ValueError("stop here")))
+    monkeypatch.setattr(ev, "evaluate_core", lambda *a, **k: (_ for _ in ()).throw(ValueError("stop here")))
     with pytest.raises(SystemExit) as e:
         ev.main(["--ckpt", str(run), "--device", "cpu", "--bundle", str(bundle), "--tasks", "copa"])
     assert e.value.code == "eval.py: error: stop here" and loaded == [str(run / "ckpt.pt")]
@@ -634,7 +657,7 @@ def test_two_runs_on_one_checkpoint_write_through_their_own_temporary_files(tmp_
     monkeypatch.setattr(ev, "get_bundle", lambda path: "bundle")
     monkeypatch.setattr(ev, "GPT", SimpleNamespace(from_checkpoint=lambda *a: (model, {})))
     monkeypatch.setattr(ev, "checkpoint_tokenizer", lambda *a: CharTokenizer())
-    monkeypatch.setattr(ev, "evaluate_core", lambda *a: {"core": 0.0, "tasks": {}, "max_per_task": None, "bundle": "bundle"})
+    monkeypatch.setattr(ev, "evaluate_core", lambda *a, **k: {"core": 0.0, "tasks": {}, "max_per_task": None, "bundle": "bundle"})
     temps, write_json = [], ev.write_json
     monkeypatch.setattr(ev, "write_json", lambda path, obj, tmp=None: (temps.append(tmp), write_json(path, obj, tmp)))
     ev.main(["--ckpt", str(ckpt), "--device", "cpu"])
@@ -846,7 +869,7 @@ def test_max_per_task_alone_never_replaces_a_full_result(tmp_path, monkeypatch):
     monkeypatch.setattr(ev, "get_bundle", lambda path: "bundle")
     monkeypatch.setattr(ev, "GPT", SimpleNamespace(from_checkpoint=lambda *a: (model, {})))
     monkeypatch.setattr(ev, "checkpoint_tokenizer", lambda *a: CharTokenizer())
-    monkeypatch.setattr(ev, "evaluate_core", lambda *a: {"core": 0.0, "tasks": {}, "max_per_task": 3, "bundle": "bundle"})
+    monkeypatch.setattr(ev, "evaluate_core", lambda *a, **k: {"core": 0.0, "tasks": {}, "max_per_task": 3, "bundle": "bundle"})
     ev.main(["--ckpt", str(ckpt), "--max_per_task", "3", "--device", "cpu"])
     assert (tmp_path / "core_eval.json").read_text() == "the full result"
     assert json.loads((tmp_path / "core_eval_partial.json").read_text())["max_per_task"] == 3

@@ -115,6 +115,13 @@ def test_nanogpts_names_are_answered_and_a_config_files_unknown_names_all_listed
         train.resolve_settings([str(config)])
 
 
+def test_a_size_without_a_recipe_is_one_line(monkeypatch):
+    """A researcher's new size in model.SIZES, not yet in SIZE_DEFAULTS: told where the recipe goes, not a KeyError."""
+    monkeypatch.setitem(train.SIZES, "mine", dict(train.SIZES["cpu"]))
+    with pytest.raises(train.ConfigError, match=r"^size 'mine' has no recipe here; add its budget and batch to SIZE_DEFAULTS in train.py$"):
+        train.resolve_settings(["--size=mine"])
+
+
 def test_budget_arithmetic():
     s, _ = train.resolve_settings(["--size=paper_135m"])
     assert train.plan_iterations(s, 759_693_312) == 3766
@@ -286,6 +293,19 @@ def test_training_lowers_the_loss_and_logs_coefficients(data_dir, tmp_path, caps
     assert not [p for p in os.listdir(out) if "tmp" in p]
 
 
+def test_core_eval_runs_in_the_training_dtype(data_dir, tmp_path, monkeypatch):
+    """--core_eval scores CORE under the run's --dtype (it was bf16 on CUDA whatever --dtype said)."""
+    from test_eval import fixture_items, write_bundle
+    bundle = write_bundle(tmp_path / "b", {label: fixture_items(label, 2) for label in ev.TASKS})
+    seen = []
+    monkeypatch.setattr(ev, "evaluate_core", lambda *a, dtype=None, **k: (seen.append(dtype), {
+        "core": 0.0, "tasks": {}, "max_per_task": None, "bundle": bundle})[1])
+    for dtype in ("bfloat16", "auto"):
+        train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / dtype}", "--max_iters=1", "--core_eval",
+                    f"--eval_bundle={bundle}", f"--dtype={dtype}"])
+    assert seen == [torch.bfloat16, torch.float32]  # auto: float32 on a CPU
+
+
 def test_resume_after_sigkill_is_bit_exact(data_dir, tmp_path, capsys):
     args = [*TINY, f"--data_dir={data_dir}", "--max_iters=60", "--eval_interval=2"]
     full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
@@ -362,6 +382,43 @@ def test_two_gloo_ranks_match_one_process(data_dir, tmp_path, capsys):
 
 # ---------------------------------------------------------------------------- bad input
 
+def test_under_torchrun_a_refusal_is_one_line_from_rank_0(data_dir, tmp_path):
+    """Every rank meets the same bad setting: one line, not one per rank. A check rank 0 alone makes (the
+    out_dir's lock): the other rank stops quietly too, not with a traceback from its next collective."""
+    from prepare_data import lock_folder
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    lock = lock_folder(str(busy), True, "held by the test")
+
+    def torchrun(*args):
+        return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+                                 *TINY, f"--data_dir={data_dir}", "--max_iters=2", *args], cwd=HERE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    runs = [torchrun(f"--out_dir={busy}", "--total_batch_tokens=256"), torchrun(f"--out_dir={tmp_path / 'odd'}", "--total_batch_tokens=192")]
+    try:
+        errors = [[l for l in finish(p, 120).stderr.splitlines() if l.startswith(("error", "rank", "[rank"))] for p in runs]
+    finally:
+        for p in runs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        lock.close()
+    assert errors == [[f"error: another train.py is writing {busy}; wait for it to end, or choose another --out_dir"],
+                      ["error: total_batch_tokens 192 is not a multiple of device_batch_size x block_size x ranks = "
+                       "4 x 32 x 2; e.g. --device_batch_size=3"]]
+    assert os.listdir(busy) == [".lock"] and not (tmp_path / "odd").exists()
+
+
+def test_a_collective_failure_is_told_apart(monkeypatch):
+    """A collective that failed because a peer left (gloo's words, NCCL's DistError) is not mistaken for another error."""
+    gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:33189: Connection "
+                        "reset by peer. This is typically caused by a remote worker hanging")
+    assert train.peer_lost(gloo) and train.peer_lost(torch.distributed.DistBackendError("NCCL communicator was aborted"))
+    assert not train.peer_lost(RuntimeError("CUDA error: an illegal memory access")) and not train.peer_lost(OSError("gloo by peer"))
+    assert train.on_rank0(False, True, lambda: 7) == 7  # one process: fn runs, its error is raised as it is
+    with pytest.raises(train.ConfigError, match="^no$"):
+        train.on_rank0(False, True, lambda: (_ for _ in ()).throw(train.ConfigError("no")))
+
+
 def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     out = str(tmp_path / "run")
     base = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=2"]
@@ -435,7 +492,9 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
                             ({**good, "model_config": None}, "is damaged ('model_config' is a NoneType, not a dict)"),
                             ({**good, "train_config": [1]}, "is damaged ('train_config' is a list, not a dict)"),
                             ({**good, "metrics": [{"x": 1}]}, "is damaged (its metrics are not train.py's records)"),
-                            ({**good, "smooth_loss": "4.2"}, "is damaged ('smooth_loss' is not a float)")]:
+                            ({**good, "smooth_loss": "4.2"}, "is damaged ('smooth_loss' is a str, not a float)"),
+                            ({k: v for k, v in good.items() if k != "tokenizer_sha256"},
+                             "is not a checkpoint of this train.py (no 'tokenizer_sha256')")]:
         torch.save(saved, ckpt)
         assert f"--resume: {ckpt} {expected}" == error([*base, "--resume"])
     before_table_lr = {k: v for k, v in good["train_config"].items() if k != "table_lr"}  # a checkpoint from before a setting
@@ -738,13 +797,13 @@ def test_every_rank_checks_out_dir_and_only_rank_0_claims_it(tmp_path, monkeypat
     (tmp_path / "afile").write_text("")
     for master in (True, False):
         with pytest.raises(train.ConfigError, match=f"^--out_dir {tmp_path / 'afile'} is a file, not a folder$"):
-            train.claim_out_dir({"out_dir": str(tmp_path / "afile"), "data_dir": str(tmp_path / "data")}, None, master,
-                                str(tmp_path / "afile" / "ckpt.pt"))
+            train.claim_out_dir({"out_dir": str(tmp_path / "afile"), "data_dir": str(tmp_path / "data")}, None, False,
+                                master, str(tmp_path / "afile" / "ckpt.pt"))
     out = str(tmp_path / "run")
     s = {"out_dir": out, "data_dir": str(tmp_path / "data")}
-    train.claim_out_dir(s, out, False, os.path.join(out, "ckpt.pt"))  # rank 1: the folder is made, nothing held
+    train.claim_out_dir(s, out, False, False, os.path.join(out, "ckpt.pt"))  # rank 1: the folder is made, nothing held
     assert os.path.isdir(out) and train.RUN == {"ckpt": None}
-    train.claim_out_dir(s, out, True, os.path.join(out, "ckpt.pt"))  # rank 0
+    train.claim_out_dir(s, out, False, True, os.path.join(out, "ckpt.pt"))  # rank 0
     assert train.RUN["made"] == (out, out) and train.RUN.pop("out_lock").close() is None
 
 

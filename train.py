@@ -8,7 +8,8 @@ Train a GPT, standard or Bank of Values, on a FLOP budget as the paper does (its
     torchrun --standalone --nproc_per_node=8 train.py config/paper_135m.py
 
 Settings resolve in this order: the defaults below, the size's recipe (SIZE_DEFAULTS), then config
-files (Python assignments) and --key=value in the order given, a later one winning. Any GPTConfig
+files (Python assignments) and --key=value in the order given, a later one winning (a budget on the
+command line wins over a config file's wherever it stands). Any GPTConfig
 field (n_layer, bov_layers, ...) is a key too. The resolved settings are printed and saved in the checkpoint.
 """
 
@@ -39,7 +40,7 @@ from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, o
 from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokenizer,
                           load_tokens, lock_folder, missing_top, out_dir_problem, prepare_command, remove_unused,
                           silence_stdout, tokenizer_sha256, write_json)
-from sample import check_device
+from sample import autocast as sample_autocast, check_device
 
 # -----------------------------------------------------------------------------
 # Defaults. Learning rates are the peak rates of the paper's 135M run (Table 6; table_lr from Section 5); configure_optimizers
@@ -92,18 +93,22 @@ SIZE_DEFAULTS = {
 }
 TRAIN_KEYS = [k for k, v in globals().items() if k.islower() and not k.startswith("_") and isinstance(v, (int, float, bool, str))]
 MODEL_KEYS = [f.name for f in fields(GPTConfig)]
+LOSS_EMA = 0.9  # the logged training loss is a moving average of the steps' losses, debiased, as nanochat logs it
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 per GPU
 
 
 EPOCH_ADVICE = ("the paper's regime is a single epoch and BoV's tables memorise repeated data (gamma_v grows). "
                 "Lower the budget or prepare more data.")
 # What main() cleans up and stopped_note() reports, whenever run() stops: "ckpt" and "eval_interval" (for the
-# Ctrl-C line), "out_lock" / "data_lock" (the folder locks held), "made" (the out_dir this run created).
+# Ctrl-C line; set by run() and plan()), "out_lock" / "data_lock" (the folder locks that claim_out_dir() and
+# load_data() hold), "made" (the out_dir this run created), "rank" (only rank 0 prints the stop line) and
+# "signal" (the stop signal that arrived, from stop_signal()).
 RUN = {"ckpt": None}
 
 
 class ConfigError(Exception):
-    """A one-line problem with the settings, the data or the checkpoint."""
+    """A one-line reason to stop: the settings, the data or the checkpoint, or, mid-run, a full disk or a
+    loss that is no longer finite."""
 
 
 # -----------------------------------------------------------------------------
@@ -182,7 +187,8 @@ def unknown_setting(keys, where=None):
 
 def resolve_settings(argv):
     """Defaults, then the size's recipe, then config files and --key=value in the order given (a later one
-    winning). Returns (train dict, model overrides)."""
+    winning, but a budget on the command line wins over a config file's wherever it stands).
+    Returns (train dict, model overrides)."""
     defaults = {k: globals()[k] for k in TRAIN_KEYS}
     model_defaults = {f.name: f.default for f in fields(GPTConfig)}
     given, budgets = {}, ("target_flops", "target_tokens", "max_iters")
@@ -221,9 +227,12 @@ def resolve_settings(argv):
             given[key] = _parse_value(key, text if "=" in arg else "true", like)
         except (ValueError, OverflowError) as e:
             raise ConfigError(f"--{key}: {e}")
-    if given.get("size", defaults["size"]) not in SIZES:
-        raise ConfigError(f"unknown size {given['size']!r}; choose one of {', '.join(SIZES)}")
-    s = {**defaults, **SIZE_DEFAULTS[given.get("size", defaults["size"])]}
+    size = given.get("size", defaults["size"])
+    if size not in SIZES:
+        raise ConfigError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
+    if size not in SIZE_DEFAULTS:  # a size added to model.SIZES alone
+        raise ConfigError(f"size {size!r} has no recipe here; add its budget and batch to SIZE_DEFAULTS in train.py")
+    s = {**defaults, **SIZE_DEFAULTS[size]}
     for key in budgets:
         if key in given and not given[key] > 0:  # 0 would silently fall back to the size's budget
             raise ConfigError(f"--{key} must be positive, got {given[key]}")
@@ -464,31 +473,28 @@ def load_resume(path, s, model_config, tok_sha, data_counts):
         raise ConfigError(f"--resume: cannot read {path} ({type(e).__name__}); it is truncated or not a checkpoint")
     if not isinstance(ckpt, dict):
         raise ConfigError(f"--resume: {path} is not a train.py checkpoint (it holds {type(ckpt).__name__!r}, not a dict)")
-    kinds = dict(model=dict, model_config=dict, train_config=dict, optimizers=list, step=int, loader=dict, rng=dict, metrics=list)
+    kinds = dict(model=dict, model_config=dict, train_config=dict, optimizers=list, step=int, loader=dict, rng=dict, metrics=list,
+                 data_dir=str, tokenizer_sha256=str, data_counts=dict, smooth_loss=float)
     for key, kind in kinds.items():
         if key not in ckpt:
-            raise ConfigError(f"--resume: {path} is not a train.py checkpoint (no {key!r})")
+            raise ConfigError(f"--resume: {path} is not a checkpoint of this train.py (no {key!r})")
         if not isinstance(ckpt[key], kind):
             raise ConfigError(f"--resume: {path} is damaged ({key!r} is a {type(ckpt[key]).__name__}, not a {kind.__name__})")
-    if not isinstance(ckpt.get("data_counts", {}), dict):
-        raise ConfigError(f"--resume: {path} is damaged ('data_counts' is not a dict)")
-    if not isinstance(ckpt.get("smooth_loss", 0.0), float):
-        raise ConfigError(f"--resume: {path} is damaged ('smooth_loss' is not a float)")
     if not all(isinstance(m, dict) and {"type", "step"} <= set(m) for m in ckpt["metrics"]):
         raise ConfigError(f"--resume: {path} is damaged (its metrics are not train.py's records)")
     saved, now = ckpt["model_config"], asdict(model_config)
     if saved != now:
         diff = ", ".join(f"{k}={saved.get(k)!r} there, {now.get(k)!r} here" for k in now if saved.get(k) != now[k])
         raise ConfigError(f"--resume: {path} is a different model ({diff}); use the same settings or another --out_dir")
-    there = ckpt.get("data_dir", ckpt["train_config"].get("data_dir", ""))
-    same_data = ckpt.get("tokenizer_sha256") == tok_sha and ckpt.get("data_counts") == data_counts
+    there = ckpt["data_dir"]
+    same_data = ckpt["tokenizer_sha256"] == tok_sha and ckpt["data_counts"] == data_counts
     same = os.path.realpath(s["data_dir"]) == os.path.realpath(there) or s["data_dir"] == ckpt["train_config"].get("data_dir")
     if not same and not same_data:  # a moved project, or moved data, still resumes
         raise ConfigError(f"--resume: {path} was trained on the data in {there}, this run reads {s['data_dir']}; use the same data")
-    if ckpt.get("tokenizer_sha256") not in (None, tok_sha):
+    if ckpt["tokenizer_sha256"] != tok_sha:
         raise ConfigError(f"--resume: the tokenizer in {s['data_dir']} is not the one {path} was trained with (the data "
                           f"was prepared again); resume needs the same data")
-    if ckpt.get("data_counts") not in (None, data_counts):
+    if ckpt["data_counts"] != data_counts:
         diff = ", ".join(f"{k} {ckpt['data_counts'].get(k)} there, {data_counts[k]} here" for k in DATA_COUNTS
                          if ckpt["data_counts"].get(k) != data_counts[k])
         raise ConfigError(f"--resume: the data in {s['data_dir']} is not the data {path} was trained on ({diff}: it was "
@@ -565,6 +571,36 @@ def ranks():
                           f"and WORLD_SIZE, 0 <= LOCAL_RANK <= RANK < WORLD_SIZE, MASTER_ADDR and MASTER_PORT); start with "
                           f"torchrun, or unset RANK for one process")
     return True, rank, local_rank, world
+
+
+class PeerStopped(Exception):
+    """On a rank other than 0: rank 0 failed a check that it alone makes and printed why; this rank stops quietly."""
+
+
+def on_rank0(ddp, master, fn):
+    """fn() on rank 0 alone -> its result (None on the other ranks). Under torchrun the other ranks then learn
+    whether it raised, and stop too (PeerStopped), rather than wait for rank 0 in their next collective."""
+    result, error = None, None
+    if master:
+        try:
+            result = fn()
+        except Exception as e:  # raised below, once the other ranks know
+            error = e
+    if ddp:
+        failed = [error is not None]
+        dist.broadcast_object_list(failed, src=0)
+        if failed[0] and not master:
+            raise PeerStopped()
+    if error is not None:
+        raise error
+    return result
+
+
+def peer_lost(e):
+    """Whether e is a collective that failed because another rank left (NCCL: a DistError; gloo: a RuntimeError
+    naming the connection the peer closed or reset)."""
+    text = str(e)
+    return isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and "gloo" in text and " by peer" in text)
 
 
 def setup_device(s):
@@ -650,7 +686,7 @@ def plan(s, model_overrides, world, log):
     return meta, model_config, flops_per_token, iters, tokens
 
 
-def claim_out_dir(s, made, master, ckpt_path):
+def claim_out_dir(s, made, ddp, master, ckpt_path):
     """Refuse an unusable --out_dir (every rank); on rank 0, lock it, hand it to main() to remove until the
     first checkpoint (made: what missing_top found missing), and drop half-written checkpoints."""
     problem = out_dir_problem(s["out_dir"])  # on every rank: each stops with the same line
@@ -658,7 +694,7 @@ def claim_out_dir(s, made, master, ckpt_path):
         problem = "is the data folder (--data_dir); choose another --out_dir"
     if problem:
         raise ConfigError(f"--out_dir {s['out_dir']} {problem}")
-    if master:  # one run per --out_dir: a second would overwrite the first's checkpoint and metrics
+    def claim():  # one run per --out_dir: a second would overwrite the first's checkpoint and metrics
         RUN["out_lock"] = lock_folder(s["out_dir"], True, f"another train.py is writing {s['out_dir']}; wait for it to "
                                                           f"end, or choose another --out_dir")
         # ours once locked (a run refused here never removes the winner's folder); whatever stops this run before
@@ -666,6 +702,7 @@ def claim_out_dir(s, made, master, ckpt_path):
         RUN["made"] = (s["out_dir"], made)
         for stale in glob.glob(glob.escape(ckpt_path) + ".tmp*"):  # half a save by a killed run: no one else writes here
             os.remove(stale)
+    on_rank0(ddp, master, claim)
 
 
 def load_data(s, meta, model_config, tokens, log):
@@ -694,11 +731,11 @@ def load_data(s, meta, model_config, tokens, log):
 
 def restore(ckpt_path, s, model_config, model, optimizers, loader, tok_sha, data_counts, iters, log):
     """With --resume, the checkpoint's weights, optimizer, loader and RNG states, checked to belong to this run
-    -> (step, metrics, smooth, smooth_from); without it, a fresh start in an out_dir that holds no checkpoint."""
+    -> (step, metrics, smooth loss); without it, a fresh start in an out_dir that holds no checkpoint."""
     if not s["resume"]:
         if os.path.exists(ckpt_path):
             raise ConfigError(f"{ckpt_path} exists; pass --resume to continue that run, or choose another --out_dir")
-        return 0, [], 0.0, 0
+        return 0, [], 0.0
     ckpt = load_resume(ckpt_path, s, model_config, tok_sha, data_counts)
     try:
         model.load_state_dict(ckpt["model"])
@@ -707,14 +744,19 @@ def restore(ckpt_path, s, model_config, model, optimizers, loader, tok_sha, data
         loader.load_state(ckpt["loader"])
         set_rng_states(ckpt["rng"])
         step, metrics = int(ckpt["step"]), list(ckpt["metrics"])
-        # a checkpoint older than 09a1c3d has no smooth_loss: the average restarts (and is debiased) from here
-        smooth, smooth_from = ckpt.get("smooth_loss", 0.0), (0 if "smooth_loss" in ckpt else step)
+        smooth = ckpt["smooth_loss"]
     except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
         raise ConfigError(f"--resume: {ckpt_path} is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
     if not 0 <= step <= iters:
         raise ConfigError(f"--resume: {ckpt_path} is at step {step}, outside this run's 0..{iters} iterations; it is damaged")
     log(f"resumed {ckpt_path} at step {step}")
-    return step, metrics, smooth, smooth_from
+    return step, metrics, smooth
+
+
+def autocast_dtype(s, dev):
+    """--dtype -> the autocast dtype of training, validation and CORE (float32: no autocast)."""
+    return {"auto": torch.bfloat16 if dev.type == "cuda" else torch.float32, "float32": torch.float32,
+            "bfloat16": torch.bfloat16}[s["dtype"]]
 
 
 def training_model(s, model, dev, ddp):
@@ -723,8 +765,7 @@ def training_model(s, model, dev, ddp):
     use_cuda = dev.type == "cuda"
     if use_cuda:
         torch.set_float32_matmul_precision("high")  # TF32
-    amp = {"auto": torch.bfloat16 if use_cuda else None, "float32": None, "bfloat16": torch.bfloat16}[s["dtype"]]
-    autocast = torch.autocast(dev.type, dtype=amp) if amp else nullcontext()
+    autocast = sample_autocast(dev, autocast_dtype(s, dev))
     train_model = model
     if s["compile"] == "true" or (s["compile"] == "auto" and use_cuda):
         train_model = torch.compile(model)
@@ -769,10 +810,11 @@ def run(argv):
     made = missing_top(s["out_dir"]) if master else None
     dev = setup_device(s)
     ckpt_path = RUN["ckpt"]
-    claim_out_dir(s, made, master, ckpt_path)
-    if s["core_eval"] and master:  # the bundle and the tokenizer before training, not after it
+    claim_out_dir(s, made, ddp, master, ckpt_path)
+    if s["core_eval"]:  # the bundle and the tokenizer before training, not after it; rank 0 runs CORE alone
         from eval import load_bundle
-        core_bundle, core_tokenizer = load_bundle(s["eval_bundle"] or None, flag="--eval_bundle"), load_tokenizer(s["data_dir"])
+        core_bundle, core_tokenizer = on_rank0(ddp, master, lambda: (
+            load_bundle(s["eval_bundle"] or None, flag="--eval_bundle"), load_tokenizer(s["data_dir"]))) or (None, None)
     accum = s["total_batch_tokens"] // (s["device_batch_size"] * T * world)
     log(f"plan: {s['total_batch_tokens']:,} tokens/step = {s['device_batch_size']} x {T} tokens x {accum} accumulation x {world} ranks")
 
@@ -786,9 +828,8 @@ def run(argv):
     model = GPT(model_config, device=dev)
     optimizers = model.configure_optimizers(s["matrix_lr"], s["embedding_lr"], s["unembedding_lr"],
                                             s["scalar_lr"], s["table_lr"], s["weight_decay"])
-    # the logged loss: a debiased moving average from step smooth_from
-    step, metrics, smooth, smooth_from = restore(ckpt_path, s, model_config, model, optimizers, loader, tok_sha,
-                                                 data_counts, iters, log)
+    # smooth: the logged loss, a moving average (weight LOSS_EMA) of the steps' losses, debiased
+    step, metrics, smooth = restore(ckpt_path, s, model_config, model, optimizers, loader, tok_sha, data_counts, iters, log)
     metrics_path = os.path.join(s["out_dir"], "metrics.jsonl")
     if master and s["resume"]:  # the checkpoint's metrics, without any logged after it
         write_jsonl(metrics_path, metrics)
@@ -872,13 +913,13 @@ def run(argv):
             loss_t = torch.tensor(loss_val, device=dev)
             dist.all_reduce(loss_t, op=dist.ReduceOp.AVG)
             loss_val = loss_t.item()
-        check_finite(loss_val, "loss", step)
+        check_finite(loss_val, "loss", step + 1)  # the step the log calls it
         step += 1
-        smooth = 0.9 * smooth + 0.1 * loss_val
+        smooth = LOSS_EMA * smooth + (1 - LOSS_EMA) * loss_val
         now = time.time()
         dt, t_last = now - t_last, now
         if step % s["log_interval"] == 0 or step == iters:
-            smooth_debiased = smooth / (1 - 0.9 ** (step - smooth_from))  # the average started at 0
+            smooth_debiased = smooth / (1 - LOSS_EMA ** step)  # the average started at 0
             tok_s = s["total_batch_tokens"] / dt
             mfu = f" | mfu {100 * flops_per_token * tok_s / (peak * world):.1f}%" if peak else ""
             eta = (now - t_start) / (step - start_step) * (iters - step)
@@ -896,7 +937,7 @@ def run(argv):
             f"{(time.time() - t_start) / 60:.1f} min; checkpoint {ckpt_path}")
         if s["core_eval"]:
             from eval import evaluate_core
-            result = evaluate_core(model, core_tokenizer, device=dev, loaded=core_bundle)
+            result = evaluate_core(model, core_tokenizer, device=dev, loaded=core_bundle, dtype=autocast_dtype(s, dev))
             result["ckpt"] = os.path.abspath(ckpt_path)
             core_path = os.path.join(s["out_dir"], "core_eval.json")  # what eval.py writes for the same checkpoint
             write_json(core_path, result)
@@ -945,16 +986,25 @@ if __name__ == "__main__":
         sys.exit(1)
     except Exception as e:
         from eval import EvalError
+        # Under torchrun, rank 0 speaks for the run: every rank meets the same bad setting, data or checkpoint,
+        # and a rank whose peer failed has nothing to add; another rank prints only its own failure, named.
+        rank = RUN.get("rank", 0)
+        if isinstance(e, PeerStopped) or (rank > 0 and (peer_lost(e) or isinstance(e, (ConfigError, DataError, EvalError)))):
+            sys.exit(1)
+        say = lambda line: print(line if rank == 0 else f"rank {rank}: {line}", file=sys.stderr)
         oom = next((x for x in (e, e.__cause__) if out_of_memory(x)), None)  # __cause__: inside torch.compile
         if oom:
-            print(f"error: out of memory ({first_line(oom)}); lower --device_batch_size (the "
-                  "accumulation steps keep --total_batch_tokens), --total_batch_tokens (a step's rows are read at once) "
-                  "or the model size", file=sys.stderr)
+            say(f"error: out of memory ({first_line(oom)}); lower --device_batch_size (the "
+                "accumulation steps keep --total_batch_tokens), --total_batch_tokens (a step's rows are read at once) "
+                "or the model size")
             sys.exit(1)
         if compile_failed(e):
-            print(f"error: torch.compile failed ({first_line(e)}); run with --compile=false", file=sys.stderr)
+            say(f"error: torch.compile failed ({first_line(e)}); run with --compile=false")
+            sys.exit(1)
+        if peer_lost(e):  # rank 0, whose peer left: it said why, or torchrun's report does
+            say(f"error: another rank left the run (its line is above, or in torchrun's report); {stopped_note()}")
             sys.exit(1)
         if not isinstance(e, (ConfigError, DataError, EvalError, OSError)):
             raise
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}")
         sys.exit(1)
