@@ -306,6 +306,16 @@ def test_core_eval_runs_in_the_training_dtype(data_dir, tmp_path, monkeypatch):
     assert seen == [torch.bfloat16, torch.float32]  # auto: float32 on a CPU
 
 
+def test_a_resume_with_another_validation_slice_is_warned_of(data_dir, tmp_path, capsys):
+    args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", "--max_iters=3"]
+    train.main(args)
+    train.main([*args, "--resume"])  # the same slice: no warning
+    assert "WARNING: eval_tokens" not in capsys.readouterr().out
+    train.main([*args, "--resume", "--eval_tokens=1024"])
+    assert ("WARNING: eval_tokens was 2048 there and is 1024 here: val losses after step 3 are measured on another slice "
+            "than those before") in capsys.readouterr().out
+
+
 def test_resume_after_sigkill_is_bit_exact(data_dir, tmp_path, capsys):
     args = [*TINY, f"--data_dir={data_dir}", "--max_iters=60", "--eval_interval=2"]
     full, cut = str(tmp_path / "full"), str(tmp_path / "cut")

@@ -750,6 +750,9 @@ def restore(ckpt_path, s, model_config, model, optimizers, loader, tok_sha, data
     if not 0 <= step <= iters:
         raise ConfigError(f"--resume: {ckpt_path} is at step {step}, outside this run's 0..{iters} iterations; it is damaged")
     log(f"resumed {ckpt_path} at step {step}")
+    if ckpt["train_config"].get("eval_tokens") != s["eval_tokens"]:  # allowed, but the curve changes its yardstick
+        log(f"WARNING: eval_tokens was {ckpt['train_config'].get('eval_tokens')} there and is {s['eval_tokens']} here: "
+            f"val losses after step {step} are measured on another slice than those before")
     return step, metrics, smooth
 
 
