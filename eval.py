@@ -465,7 +465,12 @@ def main(argv=None):
     args.ckpt = checkpoint_file(args.ckpt)  # a run's folder: its ckpt.pt
     if not os.path.isfile(args.ckpt):  # before the bundle, which may be a download
         sys.exit(f"eval.py: error: {no_checkpoint(args.ckpt)}")
-    if not zipfile.is_zipfile(args.ckpt):  # torch.save writes a zip: a truncated copy has lost its directory
+    try:
+        with open(args.ckpt, "rb") as f:
+            whole = zipfile.is_zipfile(f)  # torch.save writes a zip: a truncated copy has lost its directory
+    except OSError as e:
+        sys.exit(f"eval.py: error: cannot read checkpoint {args.ckpt}: {e.strerror or e}")
+    if not whole:
         sys.exit(f"eval.py: error: cannot read checkpoint {args.ckpt}: not a checkpoint train.py wrote, or damaged "
                  "(not a complete zip archive)")
     partial = args.tasks is not None or args.max_per_task is not None

@@ -308,12 +308,19 @@ def test_core_eval_runs_in_the_training_dtype(data_dir, tmp_path, monkeypatch):
 
 def test_a_resume_with_another_validation_slice_is_warned_of(data_dir, tmp_path, capsys):
     args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", "--max_iters=3"]
-    train.main(args)
+    train.main([*args, "--eval_interval=2"])  # a checkpoint at step 2, and the last at step 3
+    train.main([*args, "--resume", "--eval_tokens=1024"])  # finished: no val loss follows
+    assert "WARNING: eval_tokens" not in capsys.readouterr().out
+    shutil.copy(tmp_path / "run" / "ckpt.pt", tmp_path / "final.pt")
+    saved = torch.load(tmp_path / "final.pt", weights_only=True)
+    saved["step"] = 2  # as if stopped at its step-2 checkpoint
+    torch.save(saved, tmp_path / "run" / "ckpt.pt")
     train.main([*args, "--resume"])  # the same slice: no warning
     assert "WARNING: eval_tokens" not in capsys.readouterr().out
+    torch.save(saved, tmp_path / "run" / "ckpt.pt")
     train.main([*args, "--resume", "--eval_tokens=1024"])
-    assert ("WARNING: eval_tokens was 2048 there and is 1024 here: val losses after step 3 are measured on another slice "
-            "than those before") in capsys.readouterr().out
+    assert ("WARNING: eval_tokens was 2048 there and is 1024 here: val losses after step 2 may be measured on another "
+            "slice than those before") in capsys.readouterr().out
 
 
 def test_resume_after_sigkill_is_bit_exact(data_dir, tmp_path, capsys):
@@ -404,7 +411,7 @@ def test_under_torchrun_a_refusal_is_one_line_from_rank_0(data_dir, tmp_path):
         return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
                                  *TINY, f"--data_dir={data_dir}", "--max_iters=2", *args], cwd=HERE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
-    runs = [torchrun(f"--out_dir={busy}", "--total_batch_tokens=256"), torchrun(f"--out_dir={tmp_path / 'odd'}", "--total_batch_tokens=192")]
+    runs = [torchrun(f"--out_dir={busy}", "--total_batch_tokens=256"), torchrun(f"--out_dir={tmp_path / 'odd'}", "--warmdown_frac=2")]
     try:
         errors = [[l for l in finish(p, 120).stderr.splitlines() if l.startswith(("error", "rank", "[rank"))] for p in runs]
     finally:
@@ -413,17 +420,29 @@ def test_under_torchrun_a_refusal_is_one_line_from_rank_0(data_dir, tmp_path):
                 os.killpg(p.pid, signal.SIGKILL)
         lock.close()
     assert errors == [[f"error: another train.py is writing {busy}; wait for it to end, or choose another --out_dir"],
-                      ["error: total_batch_tokens 192 is not a multiple of device_batch_size x block_size x ranks = "
-                       "4 x 32 x 2; e.g. --device_batch_size=3"]]
+                      ["error: --warmdown_frac is a fraction: 0 to 1, got 2.0"]]
     assert os.listdir(busy) == [".lock"] and not (tmp_path / "odd").exists()
 
 
-def test_a_collective_failure_is_told_apart(monkeypatch):
-    """A collective that failed because a peer left (gloo's words, NCCL's DistError) is not mistaken for another error."""
+def test_each_rank_reports_what_is_its_own(monkeypatch):
+    """Rank 0 reports an error every rank meets alike, and a lost peer; another rank stays quiet about those and
+    reports its own failures, named; a torch.distributed error that is not a lost peer keeps its message."""
+    monkeypatch.setattr(train, "RUN", {"ckpt": None})
     gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:33189: Connection "
                         "reset by peer. This is typically caused by a remote worker hanging")
-    assert train.peer_lost(gloo) and train.peer_lost(torch.distributed.DistBackendError("NCCL communicator was aborted"))
+    port = torch.distributed.DistNetworkError("The server socket has failed to listen on any local network address. "
+                                              "port: 29633, useIpv6: false, code: -98, name: EADDRINUSE")
+    assert train.peer_lost(gloo) and not train.peer_lost(port)
     assert not train.peer_lost(RuntimeError("CUDA error: an illegal memory access")) and not train.peer_lost(OSError("gloo by peer"))
+    bad = train.ConfigError("--max_iters must be positive, got 0")
+    assert train.error_line(bad, 0, True) == train.error_line(bad, 0, False) == "error: --max_iters must be positive, got 0"
+    assert train.error_line(bad, 1, True) == ""  # met by every rank: rank 0 said it
+    assert train.error_line(bad, 1, False) == "rank 1: error: --max_iters must be positive, got 0"  # e.g. its own GPU
+    assert train.error_line(train.PeerStopped(), 1, False) == "" and train.error_line(gloo, 1, False) == ""
+    assert train.error_line(gloo, 0, False) == ("error: another rank left the run (its line is above, or in torchrun's "
+                                                 "report); no checkpoint was written yet")
+    assert train.error_line(port, 0, True) is None and train.error_line(KeyError("x"), 2, False) is None  # tracebacks
+    assert train.error_line(MemoryError("Unable to allocate 64.0 GiB"), 1, True).startswith("rank 1: error: out of memory (")
     assert train.on_rank0(False, True, lambda: 7) == 7  # one process: fn runs, its error is raised as it is
     with pytest.raises(train.ConfigError, match="^no$"):
         train.on_rank0(False, True, lambda: (_ for _ in ()).throw(train.ConfigError("no")))

@@ -101,8 +101,9 @@ EPOCH_ADVICE = ("the paper's regime is a single epoch and BoV's tables memorise 
                 "Lower the budget or prepare more data.")
 # What main() cleans up and stopped_note() reports, whenever run() stops: "ckpt" and "eval_interval" (for the
 # Ctrl-C line; set by run() and plan()), "out_lock" / "data_lock" (the folder locks that claim_out_dir() and
-# load_data() hold), "made" (the out_dir this run created), "rank" (only rank 0 prints the stop line) and
-# "signal" (the stop signal that arrived, from stop_signal()).
+# load_data() hold), "made" (the out_dir this run created), "signal" (the stop signal that arrived, from
+# stop_signal()), "rank" and "alike" (under torchrun, rank 0 alone prints a stop line, or an error that every
+# rank meets alike: on one machine, any but a device's; on several, a loss that is no longer finite).
 RUN = {"ckpt": None}
 
 
@@ -597,10 +598,10 @@ def on_rank0(ddp, master, fn):
 
 
 def peer_lost(e):
-    """Whether e is a collective that failed because another rank left (NCCL: a DistError; gloo: a RuntimeError
-    naming the connection the peer closed or reset)."""
+    """Whether e is a gloo collective that failed because another rank left (the connection the peer closed or
+    reset). Under NCCL a rank waits for a lost peer until torchrun stops it; other errors keep their own message."""
     text = str(e)
-    return isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and "gloo" in text and " by peer" in text)
+    return isinstance(e, RuntimeError) and "gloo" in text and " by peer" in text
 
 
 def setup_device(s):
@@ -750,9 +751,9 @@ def restore(ckpt_path, s, model_config, model, optimizers, loader, tok_sha, data
     if not 0 <= step <= iters:
         raise ConfigError(f"--resume: {ckpt_path} is at step {step}, outside this run's 0..{iters} iterations; it is damaged")
     log(f"resumed {ckpt_path} at step {step}")
-    if ckpt["train_config"].get("eval_tokens") != s["eval_tokens"]:  # allowed, but the curve changes its yardstick
+    if ckpt["train_config"].get("eval_tokens") != s["eval_tokens"] and step < iters:  # allowed; the yardstick may change
         log(f"WARNING: eval_tokens was {ckpt['train_config'].get('eval_tokens')} there and is {s['eval_tokens']} here: "
-            f"val losses after step {step} are measured on another slice than those before")
+            f"val losses after step {step} may be measured on another slice than those before")
     return step, metrics, smooth
 
 
@@ -783,6 +784,9 @@ def main(argv):
     """Train as the settings in argv say; the folder locks taken on the way are dropped when it returns or raises."""
     RUN.clear()
     RUN["ckpt"] = None
+    RUN["rank"] = int(os.environ["RANK"]) if os.environ.get("RANK", "").isdecimal() else 0  # before the settings fail
+    # on one machine every rank reads the same files: an error of the settings, data or checkpoint is met alike
+    RUN["alike"] = os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
     try:
         return run(argv)
     finally:
@@ -811,7 +815,9 @@ def run(argv):
     # the device (DDP starts here), out_dir and what CORE needs
     # what out_dir_problem will make, seen before any rank makes it (init_process_group waits for every rank)
     made = missing_top(s["out_dir"]) if master else None
+    alike, RUN["alike"] = RUN["alike"], False  # a device error may be one rank's own (a GPU index past the last)
     dev = setup_device(s)
+    RUN["alike"] = alike
     ckpt_path = RUN["ckpt"]
     claim_out_dir(s, made, ddp, master, ckpt_path)
     if s["core_eval"]:  # the bundle and the tokenizer before training, not after it; rank 0 runs CORE alone
@@ -873,6 +879,7 @@ def run(argv):
 
     def check_finite(value, what, step):
         if not math.isfinite(value):
+            RUN["alike"] = True  # losses are averaged over the ranks: every rank stops here
             kept = f"the last good checkpoint is {ckpt_path}" if os.path.exists(ckpt_path) else "no checkpoint was written"
             raise ConfigError(f"{what} is {value} at step {step}; stopping ({kept}). Try a lower learning rate.")
 
@@ -957,6 +964,30 @@ def stopped_note():
     return f"no checkpoint was written yet (the first comes at step {RUN['eval_interval']})"
 
 
+def error_line(e, rank, alike):
+    """The one line that reports a run stopped by e on this rank; "" when this rank stays quiet, None when e is
+    not a stop but a bug. Under torchrun rank 0 speaks for the run: an error that every rank meets alike (alike:
+    RUN["alike"] when e was raised) and a lost peer are rank 0's to report; another rank reports its own
+    failures, its rank named."""
+    from eval import EvalError
+    ours = (ConfigError, DataError, EvalError)
+    if isinstance(e, PeerStopped) or (rank > 0 and (peer_lost(e) or (alike and isinstance(e, ours)))):
+        return ""
+    oom = next((x for x in (e, e.__cause__) if out_of_memory(x)), None)  # __cause__: inside torch.compile
+    if oom:
+        line = (f"error: out of memory ({first_line(oom)}); lower --device_batch_size (the accumulation steps keep "
+                "--total_batch_tokens), --total_batch_tokens (a step's rows are read at once) or the model size")
+    elif compile_failed(e):
+        line = f"error: torch.compile failed ({first_line(e)}); run with --compile=false"
+    elif peer_lost(e):  # on rank 0: the rank that left said why, or torchrun's report does
+        line = f"error: another rank left the run (its line is above, or in torchrun's report); {stopped_note()}"
+    elif isinstance(e, (*ours, OSError)):
+        line = f"error: {e}"
+    else:
+        return None
+    return line if rank == 0 else f"rank {rank}: {line}"
+
+
 def usage():
     """--help: the docstring, then every setting with its default."""
     keys = "\n".join(f"  --{k}={globals()[k]!r}" + ("  (out/<size>_<variant>)" if k == "out_dir" else "") for k in TRAIN_KEYS)
@@ -988,26 +1019,9 @@ if __name__ == "__main__":
         print(f"stopped: the reader of stdout left; {stopped_note()}", file=sys.stderr)
         sys.exit(1)
     except Exception as e:
-        from eval import EvalError
-        # Under torchrun, rank 0 speaks for the run: every rank meets the same bad setting, data or checkpoint,
-        # and a rank whose peer failed has nothing to add; another rank prints only its own failure, named.
-        rank = RUN.get("rank", 0)
-        if isinstance(e, PeerStopped) or (rank > 0 and (peer_lost(e) or isinstance(e, (ConfigError, DataError, EvalError)))):
-            sys.exit(1)
-        say = lambda line: print(line if rank == 0 else f"rank {rank}: {line}", file=sys.stderr)
-        oom = next((x for x in (e, e.__cause__) if out_of_memory(x)), None)  # __cause__: inside torch.compile
-        if oom:
-            say(f"error: out of memory ({first_line(oom)}); lower --device_batch_size (the "
-                "accumulation steps keep --total_batch_tokens), --total_batch_tokens (a step's rows are read at once) "
-                "or the model size")
-            sys.exit(1)
-        if compile_failed(e):
-            say(f"error: torch.compile failed ({first_line(e)}); run with --compile=false")
-            sys.exit(1)
-        if peer_lost(e):  # rank 0, whose peer left: it said why, or torchrun's report does
-            say(f"error: another rank left the run (its line is above, or in torchrun's report); {stopped_note()}")
-            sys.exit(1)
-        if not isinstance(e, (ConfigError, DataError, EvalError, OSError)):
+        line = error_line(e, RUN.get("rank", 0), RUN.get("alike"))
+        if line is None:  # not a stop but a bug: its traceback is the report
             raise
-        say(f"error: {e}")
+        if line:
+            print(line, file=sys.stderr)
         sys.exit(1)
