@@ -443,6 +443,16 @@ def test_bench_cache_bytes_equal_the_analytic_figure(bench_json):
     assert c["ratio_per_token"] == pytest.approx(c["ratio_expected"], rel=1e-12)
 
 
+def test_bench_budgets_are_the_training_recipes():
+    """bench.py's budgets (the tokens a budget buys) are the ones train.py and the config files train with."""
+    import runpy
+    import train
+    for size, flops in bench.PAPER_BUDGETS.items():
+        config = runpy.run_path(os.path.join(os.path.dirname(__file__), "config", f"{size}.py"))
+        assert flops == train.SIZE_DEFAULTS[size]["target_flops"] == config["target_flops"]
+        assert train.SIZE_DEFAULTS[size]["total_batch_tokens"] == config["total_batch_tokens"]
+
+
 def test_bench_kv_memory_follows_eq6(bench_json):
     kv = bench_json["kv_cache"]["paper_780m"]
     L, d, V, s = 24, 1536, 32768, 2
