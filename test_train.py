@@ -734,11 +734,14 @@ def test_ctrl_c_while_torch_loads_is_not_a_traceback(script, tmp_path):
     assert p.returncode == 130 and "Traceback" not in err and out == "", err
 
 
-def test_a_nan_loss_stops_the_run_and_keeps_the_checkpoint(data_dir, tmp_path):
+def test_a_nan_loss_stops_the_run_and_keeps_the_checkpoint(data_dir, tmp_path, monkeypatch):
     out = str(tmp_path / "run")
     args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--eval_interval=2", "--max_iters=40"]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # as on one of two machines: files may differ, errors are each rank's own
+    monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(train.ConfigError, match=r"loss is (nan|inf) at step \d+; stopping \(the last good checkpoint is"):
         train.main([*args, "--matrix_lr=1e4", "--warmup_iters=1"])  # diverges within a few steps
+    assert train.RUN["alike"] is True  # but the loss is averaged over the ranks: rank 0 reports it for all
     saved = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)  # the last good checkpoint is intact
     assert all(torch.isfinite(v).all() for v in saved["model"].values())
     stale = tmp_path / "stale"  # a folder of old metrics and no checkpoint: a run that saves none leaves none there
@@ -945,6 +948,10 @@ def test_torchrun_environment_is_checked(monkeypatch):
         with pytest.raises(train.ConfigError, match="^RANK is set, but torchrun's environment is incomplete or invalid "
                                                     r"\(RANK=.*; start with torchrun, or unset RANK for one process$"):
             train.ranks()
+    monkeypatch.setattr(os, "environ", {"RANK": "1"})  # a stray RANK, no torchrun: the one process says so
+    with pytest.raises(train.ConfigError) as e:
+        train.main(["--warmdown_frac=2"])
+    assert train.error_line(e.value, train.RUN["rank"], train.RUN["alike"]).startswith("error: RANK is set, but torchrun's")
 
 
 def test_device_cuda_without_an_index_selects_gpu_0(monkeypatch):
@@ -967,11 +974,16 @@ def test_device_cuda_without_an_index_selects_gpu_0(monkeypatch):
     assert seen == ["cuda:0", "cuda:0", "cuda:0"]
     with pytest.raises(train.ConfigError, match="^--device cuda:7 is not usable here: CUDA error: invalid device ordinal$"):
         train.setup_device({"device": "cuda:7"})
+    monkeypatch.setattr(train, "RUN", {"alike": True})
+    with pytest.raises(train.ConfigError, match="^--device bogus is not usable here"):
+        train.setup_device({"device": "bogus"})
+    assert train.RUN["alike"] is True  # a setting every rank meets alike: rank 0 reports it
     for k, v in dict(RANK="7", LOCAL_RANK="7", WORLD_SIZE="8", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500").items():
         monkeypatch.setenv(k, v)  # rank 7 of torchrun on a machine with fewer GPUs
     with pytest.raises(train.ConfigError, match=r"^--device cuda:7 \(torchrun's LOCAL_RANK=7: more --nproc_per_node than GPUs\?\) "
                                                 r"is not usable here: CUDA error: invalid device ordinal$"):
         train.setup_device({"device": "auto"})
+    assert train.RUN["alike"] is False  # this rank's own: it reports it, named (the ranks before it have GPUs)
 
 
 def test_a_failed_save_or_damaged_data_is_one_line(data_dir, tmp_path, monkeypatch):

@@ -103,7 +103,7 @@ EPOCH_ADVICE = ("the paper's regime is a single epoch and BoV's tables memorise 
 # Ctrl-C line; set by run() and plan()), "out_lock" / "data_lock" (the folder locks that claim_out_dir() and
 # load_data() hold), "made" (the out_dir this run created), "signal" (the stop signal that arrived, from
 # stop_signal()), "rank" and "alike" (under torchrun, rank 0 alone prints a stop line, or an error that every
-# rank meets alike: on one machine, any but a device's; on several, a loss that is no longer finite).
+# rank meets alike: on one machine, any but one GPU's; on several, a loss that is no longer finite).
 RUN = {"ckpt": None}
 
 
@@ -616,6 +616,7 @@ def setup_device(s):
         try:  # first, so that this process makes no CUDA context on another rank's GPU
             torch.cuda.set_device(name)
         except (RuntimeError, ValueError, AssertionError) as e:  # e.g. an index past the last GPU
+            RUN["alike"] = False  # this rank's own: the ranks before it have their GPUs
             why = f" (torchrun's LOCAL_RANK={local_rank}: more --nproc_per_node than GPUs?)" if ddp else ""
             raise ConfigError(f"--device {name}{why} is not usable here: {first_line(e)}") from None
     if name == "meta":
@@ -623,10 +624,19 @@ def setup_device(s):
     try:
         check_device(name)  # torch's own messages can run to a thousand characters
     except ValueError as e:
+        RUN["alike"] = RUN.get("alike") and not name.startswith("cuda:")  # one rank's GPU may fail alone
         raise ConfigError(str(e)) from None
     dev = torch.device(name)
     if ddp:
-        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+        # Blocked in here, waiting for a rank that failed, a process cannot run Python's signal handlers, and
+        # torchrun's SIGTERM would wait 30 s for its SIGKILL: the default handlers stop it at once (nothing is
+        # held or written yet).
+        handlers = {sig: signal.signal(sig, signal.SIG_DFL) for sig in STOP_SIGNALS}
+        try:
+            dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
     return dev
 
 
@@ -784,10 +794,11 @@ def main(argv):
     """Train as the settings in argv say; the folder locks taken on the way are dropped when it returns or raises."""
     RUN.clear()
     RUN["ckpt"] = None
-    RUN["rank"] = int(os.environ["RANK"]) if os.environ.get("RANK", "").isdecimal() else 0  # before the settings fail
-    # on one machine every rank reads the same files: an error of the settings, data or checkpoint is met alike
-    RUN["alike"] = os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
+    RUN["rank"], RUN["alike"] = 0, True
     try:
+        _, RUN["rank"], _, _ = ranks()  # before the settings, which may be what fails (a bad environment: rank 0 says so)
+        # on one machine every rank reads the same files: an error of the settings, data or checkpoint is met alike
+        RUN["alike"] = os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
         return run(argv)
     finally:
         if RUN.get("made"):  # a run that ended before its first checkpoint leaves no folder; done under its lock
@@ -815,9 +826,7 @@ def run(argv):
     # the device (DDP starts here), out_dir and what CORE needs
     # what out_dir_problem will make, seen before any rank makes it (init_process_group waits for every rank)
     made = missing_top(s["out_dir"]) if master else None
-    alike, RUN["alike"] = RUN["alike"], False  # a device error may be one rank's own (a GPU index past the last)
     dev = setup_device(s)
-    RUN["alike"] = alike
     ckpt_path = RUN["ckpt"]
     claim_out_dir(s, made, ddp, master, ckpt_path)
     if s["core_eval"]:  # the bundle and the tokenizer before training, not after it; rank 0 runs CORE alone
@@ -971,7 +980,7 @@ def error_line(e, rank, alike):
     failures, its rank named."""
     from eval import EvalError
     ours = (ConfigError, DataError, EvalError)
-    if isinstance(e, PeerStopped) or (rank > 0 and (peer_lost(e) or (alike and isinstance(e, ours)))):
+    if isinstance(e, PeerStopped) or (rank > 0 and (peer_lost(e) or (alike and isinstance(e, (*ours, OSError))))):
         return ""
     oom = next((x for x in (e, e.__cause__) if out_of_memory(x)), None)  # __cause__: inside torch.compile
     if oom:
@@ -1019,6 +1028,8 @@ if __name__ == "__main__":
         print(f"stopped: the reader of stdout left; {stopped_note()}", file=sys.stderr)
         sys.exit(1)
     except Exception as e:
+        for sig in STOP_SIGNALS:  # torchrun's SIGTERM, after another rank's exit, must not cut this line short
+            signal.signal(sig, signal.SIG_IGN)
         line = error_line(e, RUN.get("rank", 0), RUN.get("alike"))
         if line is None:  # not a stop but a bug: its traceback is the report
             raise
