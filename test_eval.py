@@ -575,6 +575,13 @@ def test_dtype_sets_the_autocast_of_the_forward(tmp_path, monkeypatch):
         model.modes = []
         res = ev.evaluate_core(model, CharTokenizer(), bundle, tasks=["copa"], dtype=dtype)
         assert set(model.modes) == {expect} and res["tasks"]["copa"]["accuracy"] == expected_accuracy(items)
+    seen = []  # auto on CUDA, without a GPU: bf16 where the GPU has it, else fp16
+    monkeypatch.setattr(ev, "evaluate_task", lambda *a, **k: (seen.append(a[-1]), 1.0)[1])
+    for bf16 in (True, False):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+        ev.evaluate_core(Recording(), CharTokenizer(), bundle, tasks=["copa"], device="cuda")
+    assert seen == [torch.bfloat16, torch.float16]
+    monkeypatch.undo()
     bundle, ckpt = a_run_that_loads_nothing(tmp_path, monkeypatch)  # the CLI passes --dtype on
     seen = []
     monkeypatch.setattr(ev, "evaluate_core", lambda *a, dtype=None, **k: (seen.append(dtype), {"core": 0.0, "tasks": {},
@@ -772,6 +779,14 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit, match=rf"^eval.py: error: cannot read checkpoint {truncated}: not a checkpoint train.py "
                        r"wrote, or damaged \(not a complete zip archive\)$"):
         ev.main(["--ckpt", str(truncated), "--bundle", str(tmp_path / "nowhere")])
+    def unreadable(*a, **k):  # as for a user who may not read it (the tests run as root, who may)
+        raise PermissionError(13, "Permission denied")
+    ev.open = unreadable  # eval.py's own open(), not the builtin
+    try:
+        with pytest.raises(SystemExit, match=rf"^eval.py: error: cannot read checkpoint {ckpt}: Permission denied$"):
+            ev.main(["--ckpt", str(ckpt), "--bundle", str(tmp_path / "nowhere")])
+    finally:
+        del ev.open
     r = finish(on_full, 120)  # the full stdout: one line naming the file, which holds the results
     partial = tmp_path / "full_stdout" / "core_eval_partial.json"
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == ("eval.py: could not print the table (No space left "

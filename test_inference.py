@@ -470,7 +470,9 @@ def test_bench_kv_memory_follows_eq6(bench_json):
         assert net(batch, first) > 0 >= net(batch, first - 1)
     lines = bench.report(bench_json).splitlines()
     line = next(l for l in lines[next(i for i, l in enumerate(lines) if "KV cache at size paper_780m" in l):] if "breakeven:" in l)
-    assert f"B saves from T = {kv['saves_from_context']:,};" in line and line.endswith(f"B saves from T = {kv['saves_from_context_batch']:,}")
+    assert line == (f"  breakeven: T = {kv['breakeven_tokens']:,.1f} tokens for one sequence (eq. 6: T = 32,768), B saves from "
+                    f"T = {kv['saves_from_context']:,}; for the batch, T = {kv['breakeven_context_batch']:,.1f} "
+                    f"(B*T = {kv['breakeven_tokens']:,.1f}), B saves from T = {kv['saves_from_context_batch']:,}")
 
 
 @pytest.mark.parametrize("a, b, paper, breakeven", [
@@ -485,6 +487,8 @@ def test_bench_breakeven_of_other_pairs(bench_json, a, b, paper, breakeven):
     assert kv["breakeven_paper"] == paper
     if breakeven is None or breakeven == 0:
         assert kv["breakeven_tokens"] == breakeven
+        # nothing to wait for: B saves from the first token (at T = 0 it saves 0 bytes), or never
+        assert kv["saves_from_context"] == kv["saves_from_context_batch"] == (1 if breakeven == 0 else None)
     else:
         assert abs(kv["breakeven_tokens"] - breakeven) < 8  # BoV's int32 id per token moves it slightly
     text = bench.report({**bench_json, "kv_cache": {"paper_135m": kv}})  # the table prints for every pair

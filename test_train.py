@@ -443,6 +443,59 @@ def test_each_rank_reports_what_is_its_own(monkeypatch):
                                                  "report); no checkpoint was written yet")
     assert train.error_line(port, 0, True) is None and train.error_line(KeyError("x"), 2, False) is None  # tracebacks
     assert train.error_line(MemoryError("Unable to allocate 64.0 GiB"), 1, True).startswith("rank 1: error: out of memory (")
+    for other in (RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:446] Timed out waiting 1800000ms for recv"),
+                  RuntimeError("Connection reset by peer")):  # gloo, but no lost peer; a lost peer, but not gloo's
+        assert not train.peer_lost(other)
+    compiled = RuntimeError("backend compiler failed")  # torch.compile wraps the allocator's error
+    compiled.__cause__ = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert train.error_line(compiled, 0, True).startswith("error: out of memory (CUDA out of memory. Tried to allocate 2.00 GiB)")
+
+
+def test_rank_0s_own_check_is_agreed_on_by_every_rank(monkeypatch):
+    """on_rank0 under torchrun: rank 0 runs the check and broadcasts whether it failed; another rank never
+    runs it, and stops (PeerStopped) when rank 0 failed."""
+    sent, ran = [], []
+
+    def broadcast(objects, src):  # what rank 0 sends; on rank 1, what it receives
+        assert src == 0
+        sent.append(list(objects))
+        objects[0] = broadcast.rank0_failed
+    monkeypatch.setattr(train.dist, "broadcast_object_list", broadcast)
+    broadcast.rank0_failed = True
+    with pytest.raises(train.PeerStopped):
+        train.on_rank0(True, False, lambda: ran.append(1))
+    broadcast.rank0_failed = False
+    assert train.on_rank0(True, False, lambda: ran.append(1)) is None and ran == []  # rank 1 never runs it
+    with pytest.raises(train.ConfigError, match="^busy$"):
+        train.on_rank0(True, True, lambda: (_ for _ in ()).throw(train.ConfigError("busy")))
+    assert train.on_rank0(True, True, lambda: "bundle") == "bundle"
+    assert sent == [[False], [False], [True], [False]]  # rank 0 told the others of its failure, and of its success
+
+
+def test_which_errors_every_rank_meets_alike(monkeypatch):
+    """On one machine (LOCAL_WORLD_SIZE = WORLD_SIZE, or neither set) every rank reads the same files; on several
+    it may not, and each rank reports its own errors."""
+    for local, world, alike in (("8", "16", False), ("8", "8", True), (None, None, True)):
+        for k, v in (("LOCAL_WORLD_SIZE", local), ("WORLD_SIZE", world)):
+            if v is None:
+                monkeypatch.delenv(k, raising=False)
+            else:
+                monkeypatch.setenv(k, v)
+        with pytest.raises(train.ConfigError):
+            train.main(["--warmdown_frac=2"])
+        assert train.RUN["alike"] is alike, (local, world)
+
+
+def test_dtype_sets_the_autocast_of_training(data_dir):
+    """--dtype auto is bf16 on CUDA and fp32 (no autocast) elsewhere; the training model's autocast follows it."""
+    assert train.autocast_dtype({"dtype": "auto"}, torch.device("cuda")) == torch.bfloat16
+    assert train.autocast_dtype({"dtype": "auto"}, torch.device("cpu")) == torch.float32
+    model = GPT(GPTConfig.preset("cpu", "bov", n_layer=2, n_embd=32, n_head=2, vocab_size=64, block_size=16))
+    for dtype, enabled in (("bfloat16", True), ("float32", False), ("auto", False)):
+        _, autocast, _ = train.training_model({"dtype": dtype, "compile": "false"}, model, torch.device("cpu"), False)
+        with autocast:
+            assert torch.is_autocast_enabled("cpu") == enabled
+            assert not enabled or torch.get_autocast_dtype("cpu") == torch.bfloat16
     assert train.on_rank0(False, True, lambda: 7) == 7  # one process: fn runs, its error is raised as it is
     with pytest.raises(train.ConfigError, match="^no$"):
         train.on_rank0(False, True, lambda: (_ for _ in ()).throw(train.ConfigError("no")))
@@ -522,8 +575,9 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
                             ({**good, "train_config": [1]}, "is damaged ('train_config' is a list, not a dict)"),
                             ({**good, "metrics": [{"x": 1}]}, "is damaged (its metrics are not train.py's records)"),
                             ({**good, "smooth_loss": "4.2"}, "is damaged ('smooth_loss' is a str, not a float)"),
-                            ({k: v for k, v in good.items() if k != "tokenizer_sha256"},
-                             "is not a checkpoint of this train.py (no 'tokenizer_sha256')")]:
+                            ({**good, "data_counts": [1]}, "is damaged ('data_counts' is a list, not a dict)"),
+                            *[({k: v for k, v in good.items() if k != key}, f"is not a checkpoint of this train.py (no {key!r})")
+                              for key in ("tokenizer_sha256", "data_dir", "data_counts", "smooth_loss")]]:
         torch.save(saved, ckpt)
         assert f"--resume: {ckpt} {expected}" == error([*base, "--resume"])
     before_table_lr = {k: v for k, v in good["train_config"].items() if k != "table_lr"}  # a checkpoint from before a setting
@@ -734,7 +788,7 @@ def test_ctrl_c_while_torch_loads_is_not_a_traceback(script, tmp_path):
     assert p.returncode == 130 and "Traceback" not in err and out == "", err
 
 
-def test_a_nan_loss_stops_the_run_and_keeps_the_checkpoint(data_dir, tmp_path, monkeypatch):
+def test_a_nan_loss_stops_the_run_and_keeps_the_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
     out = str(tmp_path / "run")
     args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--eval_interval=2", "--max_iters=40"]
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # as on one of two machines: files may differ, errors are each rank's own
@@ -747,8 +801,11 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_checkpoint(data_dir, tmp_path, m
     stale = tmp_path / "stale"  # a folder of old metrics and no checkpoint: a run that saves none leaves none there
     stale.mkdir()
     (stale / "metrics.jsonl").write_text(json.dumps({"type": "eval", "step": 0, "val_bpb": 9.9}) + "\n")
-    with pytest.raises(train.ConfigError, match=r"loss is (nan|inf) at step \d+; stopping \(no checkpoint was written"):
+    capsys.readouterr()
+    with pytest.raises(train.ConfigError, match=r"^loss is (nan|inf) at step \d+; stopping \(no checkpoint was written") as e:
         train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={stale}", "--max_iters=40", "--matrix_lr=1e4", "--warmup_iters=1"])
+    logged = [int(n) for n in re.findall(r"^step (\d+)/40 ", capsys.readouterr().out, re.M)]  # --log_interval=1
+    assert int(re.search(r"at step (\d+);", str(e.value))[1]) == logged[-1] + 1  # the step the log would have called it
     assert os.listdir(stale) == [".lock"]
 
 
