@@ -812,8 +812,7 @@ def run(argv):
     """Plan, data, model, then the training loop; returns the last evaluation's record (None for a dry run)."""
     s, model_overrides = resolve_settings(argv)
     RUN["ckpt"] = os.path.join(s["out_dir"], CKPT)
-    ddp, rank, _, world = ranks()  # (False, 0, _, 1) without torchrun
-    RUN["rank"] = rank  # the stop line is rank 0's
+    ddp, rank, _, world = ranks()  # (False, 0, _, 1) without torchrun; main() has put the rank in RUN
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
 
