@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from model import GPT, checkpoint_file, first_line, no_checkpoint, out_of_memory
+from model import GPT, checkpoint_file, first_line, no_checkpoint, out_of_memory, unreadable_checkpoint
 from prepare_data import DataError, connection_text, is_http_url, not_utf8, silence_stdout, url_reachable, write_json
 from sample import autocast, check_device, checkpoint_tokenizer, resolve_dtype
 
@@ -465,14 +465,9 @@ def main(argv=None):
     args.ckpt = checkpoint_file(args.ckpt)  # a run's folder: its ckpt.pt
     if not os.path.isfile(args.ckpt):  # before the bundle, which may be a download
         sys.exit(f"eval.py: error: {no_checkpoint(args.ckpt)}")
-    try:
-        with open(args.ckpt, "rb") as f:
-            whole = zipfile.is_zipfile(f)  # torch.save writes a zip: a truncated copy has lost its directory
-    except OSError as e:
-        sys.exit(f"eval.py: error: cannot read checkpoint {args.ckpt}: {e.strerror or e}")
-    if not whole:
-        sys.exit(f"eval.py: error: cannot read checkpoint {args.ckpt}: not a checkpoint train.py wrote, or damaged "
-                 "(not a complete zip archive)")
+    problem = unreadable_checkpoint(args.ckpt)  # a truncated copy, before the bundle too
+    if problem:
+        sys.exit(f"eval.py: error: {problem}")
     partial = args.tasks is not None or args.max_per_task is not None
     if args.out is not None and (not args.out or (os.path.exists(args.out) and os.path.samefile(args.out, args.ckpt))):
         p.error(f"--out {args.out!r} is " + ("empty" if not args.out else "the checkpoint itself") + "; name a results file")

@@ -24,6 +24,7 @@ import os
 import re
 import signal
 import sys
+import zipfile
 from dataclasses import asdict, dataclass, field, fields
 
 if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
@@ -744,6 +745,9 @@ class GPT(nn.Module):
         path = checkpoint_file(path)
         if not os.path.isfile(path):
             raise FileNotFoundError(no_checkpoint(path))
+        problem = unreadable_checkpoint(path)
+        if problem:
+            raise ValueError(problem)
         try:
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # truncated, damaged, or not a torch file; never retried without weights_only
@@ -862,6 +866,18 @@ def checkpoint_file(path):
     """path, or path/ckpt.pt when path is a run's folder holding one (as nanoGPT's --out_dir names a run)."""
     inside = os.path.join(path, "ckpt.pt")
     return inside if os.path.isdir(path) and os.path.isfile(inside) else path
+
+
+def unreadable_checkpoint(path):
+    """Why the file at path cannot be a checkpoint, in one line, or None when it is a whole zip archive, as
+    torch.save writes one (a truncated copy has lost the directory at its end). Cheap: checked before anything slow."""
+    try:
+        with open(path, "rb") as f:
+            if zipfile.is_zipfile(f):
+                return None
+    except OSError as e:
+        return f"cannot read checkpoint {path}: {e.strerror or e}"
+    return f"cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged (not a complete zip archive)"
 
 
 def no_checkpoint(path):

@@ -781,12 +781,13 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
         ev.main(["--ckpt", str(truncated), "--bundle", str(tmp_path / "nowhere")])
     def unreadable(*a, **k):  # as for a user who may not read it (the tests run as root, who may)
         raise PermissionError(13, "Permission denied")
-    ev.open = unreadable  # eval.py's own open(), not the builtin
+    import model as model_py
+    model_py.open = unreadable  # model.py's own open(), not the builtin
     try:
         with pytest.raises(SystemExit, match=rf"^eval.py: error: cannot read checkpoint {ckpt}: Permission denied$"):
             ev.main(["--ckpt", str(ckpt), "--bundle", str(tmp_path / "nowhere")])
     finally:
-        del ev.open
+        del model_py.open
     r = finish(on_full, 120)  # the full stdout: one line naming the file, which holds the results
     partial = tmp_path / "full_stdout" / "core_eval_partial.json"
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == ("eval.py: could not print the table (No space left "
