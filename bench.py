@@ -60,7 +60,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from torch.utils.weak import WeakIdKeyDictionary
 
 from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory
-from prepare_data import atomic_write, out_dir_problem, silence_stdout
+from prepare_data import atomic_write, json_lines, out_dir_problem, silence_stdout
 from sample import autocast, check_device, resolve_dtype
 
 PAPER_BUDGETS = {"paper_135m": 1.5e18, "paper_780m": 3.91e19}  # training FLOPs of the paper's runs
@@ -433,18 +433,9 @@ def fig5a(path):
 
 def read_records(path):
     """The dict records of a train.py metrics JSONL file."""
-    records = []
     try:
         with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    raise BenchError(f"{path}:{n} is not a JSON line") from None
-                if isinstance(rec, dict):
-                    records.append(rec)
+            records = [rec for _, rec in json_lines(f, path, BenchError) if isinstance(rec, dict)]
     except OSError as e:
         raise BenchError(f"cannot read metrics file {path}: {e.strerror}") from None
     except UnicodeDecodeError:

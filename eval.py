@@ -32,7 +32,6 @@ always come from the whole task, so an item's prompt is the same in a subset as 
 
 import argparse
 import csv
-import json
 import os
 import random
 import shutil
@@ -54,7 +53,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import GPT, checkpoint_file, first_line, no_checkpoint, out_of_memory, unreadable_checkpoint
-from prepare_data import DataError, connection_text, is_http_url, not_utf8, silence_stdout, url_reachable, write_json
+from prepare_data import (DataError, connection_text, is_http_url, json_lines, not_utf8, silence_stdout, url_reachable,
+                          write_json)
 from sample import autocast, check_device, checkpoint_tokenizer, resolve_dtype
 
 EVAL_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
@@ -217,13 +217,7 @@ def load_task(bundle, label):
     items = []
     try:
         with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    item = json.loads(line)
-                except ValueError as e:
-                    raise EvalError(f"{path}:{n}: not JSON ({e})") from None
+            for n, item in json_lines(f, path, EvalError):
                 problem = item_problem(task.kind, item)
                 if problem:
                     raise EvalError(f"{path}:{n}: {problem}")

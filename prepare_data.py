@@ -454,6 +454,17 @@ def _first_line(e):
     return lines[0] if lines else ""
 
 
+def json_lines(f, path, error):
+    """(line number, value) for each non-blank line of the open text file f, a JSON Lines file (also read by
+    eval.py and bench.py); a line that is not JSON raises error("path:n: not JSON (why)")."""
+    for n, line in enumerate(f, 1):
+        if line.strip():
+            try:
+                yield n, json.loads(line)
+            except ValueError as e:
+                raise error(f"{path}:{n}: not JSON ({e})") from None
+
+
 def not_utf8(path, err):
     """The one-line message for a UnicodeDecodeError while reading path as text (also used by eval.py):
     the bad byte and its offset in the whole file (the error gives it within the reader's buffer)."""
@@ -577,13 +588,7 @@ class Source:
                 yield f.read()
         elif path.endswith(".jsonl"):
             with open(path, encoding="utf-8") as f:
-                for n, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        row = json.loads(line)
-                    except ValueError as e:
-                        raise DataError(f"{path}:{n}: invalid JSON ({e})")
+                for n, row in json_lines(f, path, DataError):
                     if not isinstance(row, dict) or self.column not in row:
                         raise DataError(f"{path}:{n}: no {self.column!r} field (set --column)")
                     text = row[self.column]

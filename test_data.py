@@ -634,9 +634,11 @@ def test_more_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
     (tmp_path / "late.txt").write_bytes(b"a" * 100_000 + b"\xff" + b"b" * 10)
     (tmp_path / "one.txt").write_text("a single document")
     (tmp_path / "int.jsonl").write_text('{"text": "fine"}\n{"text": null}\n{"text": 7}\n')
+    (tmp_path / "cut.jsonl").write_text('{"text": "fine"}\n\n{"text": "cut sh\n')
     files = lambda name: "files:" + str(tmp_path / name)
     for source, expected in ((files("s.jsonl"), f"{tmp_path / 's.jsonl'}:2: the 'text' text holds a lone UTF-16 surrogate"),
                              (files("int.jsonl"), f"{tmp_path / 'int.jsonl'}:3: the 'text' field holds int, not text"),
+                             (files("cut.jsonl"), f"{tmp_path / 'cut.jsonl'}:3: not JSON ("),
                              (files("late.txt"), "is not UTF-8 text (byte 0xff at offset 100000)"),
                              (files("one.txt"), "gave no training text for the tokenizer")):
         msg = prep("--source", source, *args, "--out_dir", tmp_path / "y")
