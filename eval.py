@@ -143,7 +143,7 @@ def get_bundle(path=None, flag="--bundle"):
 def download_bundle(url, dest, flag):
     """Download the zip and unpack it into dest. Both steps happen beside dest and end in one
     rename, so dest is either the whole bundle or absent."""
-    if not url_reachable(url, timeout=5.0):
+    if not url_reachable(url, timeout=5.0):  # seconds to wait for a connection before calling the host unreachable
         raise EvalError(f"the CORE eval bundle is not in {dest} and {connection_text(url)} "
                         f"is unreachable; download {url} elsewhere, unzip it and pass {flag} path/to/eval_bundle")
     parent = os.path.dirname(dest)
