@@ -427,7 +427,7 @@ def fig5a(path):
     ax.set_xscale("log", base=2)
     ax.set_xticks([2 ** 14, 2 ** 16, 2 ** 18, 2 ** 20], ["16K", "64K", "256K", "1M"])
     ax.axhline(0, color="gray", linewidth=0.8)
-    ax.set_ylim(-20, 35)  # up to the 1/3 the solid lines saturate at; below -20 % (short contexts, large vocab) is cut
+    ax.set_ylim(-20, 35)  # up to the 1/3 the solid lines saturate at; below -20 % (the shortest contexts) is cut
     save(fig, ax, path, "Fig 5a: V cache memory saved by BoV (paper_780m)", "context length", "memory saved (%)", fontsize=7)
 
 

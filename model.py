@@ -750,7 +750,7 @@ class GPT(nn.Module):
             raise ValueError(problem)
         try:
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # truncated, damaged, or not a torch file; never retried without weights_only
+        except Exception as e:  # damaged inside, or not train.py's; never retried without weights_only
             why = "a weights-only load refused its contents" if "weights_only" in str(e) else first_line(e, None)
             raise ValueError(f"cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged ({why})") from None
         try:
@@ -862,6 +862,10 @@ def first_line(e, limit=200):
     return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)[:limit]
 
 
+# what a checkpoint in torch.save's legacy (non-zip) format starts with: pickle protocol 2, then torch's magic number
+TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\n" + 0x1950A86A20F9469CFC6C.to_bytes(10, "little")
+
+
 def checkpoint_file(path):
     """path, or path/ckpt.pt when path is a run's folder holding one (as nanoGPT's --out_dir names a run)."""
     inside = os.path.join(path, "ckpt.pt")
@@ -869,15 +873,24 @@ def checkpoint_file(path):
 
 
 def unreadable_checkpoint(path):
-    """Why the file at path cannot be a checkpoint, in one line, or None when it is a whole zip archive, as
-    torch.save writes one (a truncated copy has lost the directory at its end). Cheap: checked before anything slow."""
+    """Why the file at path cannot be a checkpoint, in one line, or None when it looks like torch.save's: a whole
+    zip archive holding a data.pkl (a truncated copy has lost the directory at the zip's end), or the legacy
+    format, a pickle that starts with torch's magic number. Cheap: checked before anything slow."""
+    damaged = f"cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged"
     try:
         with open(path, "rb") as f:
-            if zipfile.is_zipfile(f):
+            if f.read(14) == TORCH_LEGACY_MAGIC:
                 return None
+            f.seek(0)
+            if not zipfile.is_zipfile(f):
+                return f"{damaged} (not a complete zip archive)"
+            if not any(name.endswith("data.pkl") for name in zipfile.ZipFile(f).namelist()):
+                return f"{damaged} (a zip archive, but not torch.save's: no data.pkl)"
+    except zipfile.BadZipFile as e:
+        return f"{damaged} ({e})"
     except OSError as e:
         return f"cannot read checkpoint {path}: {e.strerror or e}"
-    return f"cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged (not a complete zip archive)"
+    return None
 
 
 def no_checkpoint(path):

@@ -733,7 +733,7 @@ def encode_split(split, source, enc, state, out_dir, shard_tokens, budget, threa
             return source.is_val_candidate(i)
         return not (source.is_val_candidate(i) and i < val_end)
 
-    def batches(max_chars=8_000_000):  # rows handed to tiktoken's batch encoder at once: a few MB of text
+    def batches(max_chars=8_000_000):  # a batch for tiktoken's encoder closes once it holds 8M characters
         batch, chars = [], 0
         for i, text in source.rows(start):
             if in_split(i):

@@ -530,8 +530,10 @@ def test_a_bundle_behind_a_proxy_is_reachable_through_the_proxy(tmp_path, monkey
 
 
 def empty_zip(path):
-    """A stand-in checkpoint for runs whose loading is stubbed out: a whole zip, as torch.save writes, holding nothing."""
-    zipfile.ZipFile(path, "w").close()
+    """A stand-in checkpoint for runs whose loading is stubbed out: a whole zip with a data.pkl, as torch.save
+    writes, though an empty one."""
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", b"")
 
 
 def a_run_that_loads_nothing(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from bench import CPU_SDPA_FLOPS  # SDPA's CPU kernel for the counter; backward = 2 x forward, nanochat's count
 from conftest import finish
-from model import GPT, GPTConfig, KVCache, SIZES, VARIANTS
+from model import GPT, GPTConfig, KVCache, SIZES, TORCH_LEGACY_MAGIC, VARIANTS
 
 # A tiny model that still has sliding windows: block 256 gives S windows of 128 tokens.
 TINY = dict(n_layer=6, n_embd=48, n_head=4, vocab_size=97, block_size=256, window_pattern="SSSL")
@@ -727,9 +727,16 @@ def test_checkpoint_round_trip(tmp_path):
     with pytest.raises(ValueError, match=whole_zip):
         GPT.from_checkpoint(str(path))
     zipfile.ZipFile(path, "w").close()  # a whole zip, but not torch.save's
-    with pytest.raises(ValueError, match=f"^cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged \\(") as e:
+    with pytest.raises(ValueError, match=f"^cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged "
+                                         r"\(a zip archive, but not torch.save's: no data.pkl\)$"):
         GPT.from_checkpoint(str(path))
-    assert "\n" not in str(e.value) and "weights_only" not in str(e.value)  # never advise an unsafe load
+    torch.save({"model": 1}, str(path))  # torch.save's, but not train.py's
+    with pytest.raises(ValueError, match=f"^cannot read checkpoint {path}: KeyError: 'model_config'$"):
+        GPT.from_checkpoint(str(path))
+    torch.save(torch.load(io.BytesIO(good), weights_only=True), str(path), _use_new_zipfile_serialization=False)
+    assert path.read_bytes()[:14] == TORCH_LEGACY_MAGIC  # torch's legacy format (a pickle) still loads
+    GPT.from_checkpoint(str(path))
+    path.write_bytes(good)
     ckpt = torch.load(io.BytesIO(good), weights_only=True)
     ckpt["model"]["wte.weight"] = ckpt["model"]["wte.weight"][:10]
     torch.save(ckpt, str(path))

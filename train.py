@@ -312,7 +312,7 @@ class Batches:
     and goes into checkpoints; every rank reads the same rows and takes its own slice of them.
     """
 
-    OPEN_ROWS = 256  # rows kept open for best-fit packing: more fill them better, each placement scans them all
+    OPEN_ROWS = 256  # rows kept open for best-fit packing: more fill them better; each placement shifts a list this long
 
     def __init__(self, shards, bos_id, T, seed):
         self.shards, self.bos_id, self.T, self.seed = shards, bos_id, T, seed
