@@ -862,7 +862,8 @@ def first_line(e, limit=200):
     return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)[:limit]
 
 
-# what a checkpoint in torch.save's legacy (non-zip) format starts with: pickle protocol 2, then torch's magic number
+# what a checkpoint in torch.save's legacy (non-zip) format starts with: pickle's PROTO opcode (here protocol 2, its
+# default), then torch's magic number
 TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\n" + 0x1950A86A20F9469CFC6C.to_bytes(10, "little")
 
 
@@ -879,7 +880,8 @@ def unreadable_checkpoint(path):
     damaged = f"cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged"
     try:
         with open(path, "rb") as f:
-            if f.read(14) == TORCH_LEGACY_MAGIC:
+            head = f.read(14)
+            if head[:1] == TORCH_LEGACY_MAGIC[:1] and head[2:] == TORCH_LEGACY_MAGIC[2:]:  # any pickle protocol
                 return None
             f.seek(0)
             if not zipfile.is_zipfile(f):

@@ -7,6 +7,7 @@ import re
 import runpy
 import subprocess
 import sys
+import warnings
 import zipfile
 
 import pytest
@@ -733,9 +734,13 @@ def test_checkpoint_round_trip(tmp_path):
     torch.save({"model": 1}, str(path))  # torch.save's, but not train.py's
     with pytest.raises(ValueError, match=f"^cannot read checkpoint {path}: KeyError: 'model_config'$"):
         GPT.from_checkpoint(str(path))
-    torch.save(torch.load(io.BytesIO(good), weights_only=True), str(path), _use_new_zipfile_serialization=False)
-    assert path.read_bytes()[:14] == TORCH_LEGACY_MAGIC  # torch's legacy format (a pickle) still loads
-    GPT.from_checkpoint(str(path))
+    for protocol in (2, 3):  # torch's legacy format (a pickle) still loads, at its default protocol and another
+        torch.save(torch.load(io.BytesIO(good), weights_only=True), str(path), _use_new_zipfile_serialization=False,
+                   pickle_protocol=protocol)
+        assert (protocol != 2) == (path.read_bytes()[:14] != TORCH_LEGACY_MAGIC)
+        with warnings.catch_warnings():  # torch warns of a protocol other than its default, and loads it
+            warnings.simplefilter("ignore", UserWarning)
+            GPT.from_checkpoint(str(path))
     path.write_bytes(good)
     ckpt = torch.load(io.BytesIO(good), weights_only=True)
     ckpt["model"]["wte.weight"] = ckpt["model"]["wte.weight"][:10]

@@ -443,6 +443,9 @@ def test_each_rank_reports_what_is_its_own(monkeypatch):
                                                  "report); no checkpoint was written yet")
     assert train.error_line(port, 0, True) is None and train.error_line(KeyError("x"), 2, False) is None  # tracebacks
     assert train.error_line(MemoryError("Unable to allocate 64.0 GiB"), 1, True).startswith("rank 1: error: out of memory (")
+    import torch._dynamo.exc as dynamo_exc  # no C++ compiler: every rank fails alike
+    no_compiler = dynamo_exc.TorchDynamoException("CppCompileError: C++ compile error")
+    assert train.error_line(no_compiler, 0, True).startswith("error: torch.compile failed (") and train.error_line(no_compiler, 1, True) == ""
     for other in (RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:446] Timed out waiting 1800000ms for recv"),
                   RuntimeError("Connection reset by peer")):  # gloo, but no lost peer; a lost peer, but not gloo's
         assert not train.peer_lost(other)

@@ -624,7 +624,8 @@ def setup_device(s):
     try:
         check_device(name)  # torch's own messages can run to a thousand characters
     except ValueError as e:
-        RUN["alike"] = RUN.get("alike") and not name.startswith("cuda:")  # one rank's GPU may fail alone
+        if name.startswith("cuda:"):  # one rank's GPU may fail alone
+            RUN["alike"] = False
         raise ConfigError(str(e)) from None
     dev = torch.device(name)
     if ddp:
@@ -699,7 +700,8 @@ def plan(s, model_overrides, world, log):
 
 def claim_out_dir(s, made, ddp, master, ckpt_path):
     """Refuse an unusable --out_dir (every rank); on rank 0, lock it, hand it to main() to remove until the
-    first checkpoint (made: what missing_top found missing), and drop half-written checkpoints."""
+    first checkpoint (made: what missing_top found missing), and drop half-written checkpoints. Under torchrun
+    the other ranks learn whether rank 0 got the lock, and stop (PeerStopped) when it did not."""
     problem = out_dir_problem(s["out_dir"])  # on every rank: each stops with the same line
     if os.path.realpath(s["out_dir"]) == os.path.realpath(s["data_dir"]):  # (its lock would read as another run's)
         problem = "is the data folder (--data_dir); choose another --out_dir"
@@ -979,7 +981,8 @@ def error_line(e, rank, alike):
     failures, its rank named."""
     from eval import EvalError
     ours = (ConfigError, DataError, EvalError)
-    if isinstance(e, PeerStopped) or (rank > 0 and (peer_lost(e) or (alike and isinstance(e, (*ours, OSError))))):
+    met_alike = alike and (isinstance(e, (*ours, OSError)) or compile_failed(e))  # (no compiler: no rank has one)
+    if isinstance(e, PeerStopped) or (rank > 0 and (peer_lost(e) or met_alike)):
         return ""
     oom = next((x for x in (e, e.__cause__) if out_of_memory(x)), None)  # __cause__: inside torch.compile
     if oom:
