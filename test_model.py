@@ -26,6 +26,13 @@ def tiny(variant="baseline", **kw):
     return GPTConfig.preset("cpu", variant, **{**TINY, **kw})
 
 
+def seeded(seed, variant="baseline", **kw):
+    """GPT(tiny(variant, **kw)) made right after torch.manual_seed(seed): models of two variants from one seed
+    start with the same values in every weight they share."""
+    torch.manual_seed(seed)
+    return GPT(tiny(variant, **kw))
+
+
 def build(cfg, seed=0, randomize=True):
     """A float64 model whose weights are all random (no zero projections), so logits are well separated."""
     torch.manual_seed(seed)
@@ -144,10 +151,8 @@ def test_bov_at_init_equals_x0_w_v(shared):
     """Section 5: E_v is initialised to RMSNorm(wte) W_V, so BoV's first forward equals x0 W_V.
     For the shared table the statement holds for the first target layer, so compare that one."""
     kw = dict(bov_layers=(5,)) if shared else {}
-    torch.manual_seed(7)
-    bov = GPT(tiny("bov_shared_table" if shared else "bov", **kw))
-    torch.manual_seed(7)
-    x0 = GPT(tiny("t1_r09", **kw))
+    bov = seeded(7, "bov_shared_table" if shared else "bov", **kw)
+    x0 = seeded(7, "t1_r09", **kw)
     # The output projections start at zero; make them non-zero (identically) so V reaches the logits.
     _same_nonzero_projections(bov, x0)
     idx = batch(bov.config, T=64)
@@ -155,22 +160,18 @@ def test_bov_at_init_equals_x0_w_v(shared):
     lx, _ = x0(idx)
     torch.testing.assert_close(lb, lx, rtol=1e-5, atol=1e-5)
     # and the claim is not vacuous: the standard baseline from the same seed differs
-    torch.manual_seed(7)
-    base = GPT(tiny("baseline"))
+    base = seeded(7, "baseline")
     _same_nonzero_projections(base)
     assert (base(idx)[0] - lb).abs().max() > 1e-3
 
 
 def test_table_rows_are_rms_norm_wte_times_w_v():
-    torch.manual_seed(3)
-    bov = GPT(tiny("bov"))
-    torch.manual_seed(3)
-    x0 = GPT(tiny("t1_r09"))
+    bov = seeded(3, "bov")
+    x0 = seeded(3, "t1_r09")
     for t, layer in enumerate((4, 5)):
         expected = torch.nn.functional.rms_norm(x0.wte.weight, (48,)) @ x0.blocks[layer].attn.c_v.weight.T
         torch.testing.assert_close(bov.tables[t].weight, expected)
-    torch.manual_seed(3)
-    shared = GPT(tiny("bov_shared_table"))  # one table for layers 4 and 5: the first target layer's W_V
+    shared = seeded(3, "bov_shared_table")  # one table for layers 4 and 5: the first target layer's W_V
     expected = torch.nn.functional.rms_norm(x0.wte.weight, (48,)) @ x0.blocks[4].attn.c_v.weight.T
     torch.testing.assert_close(shared.tables[0].weight, expected)
 
@@ -194,12 +195,9 @@ def test_gamma_v_scales_the_table_values():
 
 def test_add_starts_as_standard_attention_and_fixed_add_is_half_half():
     """Table 1: learned add (a V + b V~, a = 1, b = 0) starts as the baseline; fixed add is 0.5 V + 0.5 V~."""
-    torch.manual_seed(7)
-    base = GPT(tiny("baseline"))
-    torch.manual_seed(7)
-    learned = GPT(tiny("t1_r13"))
-    torch.manual_seed(7)
-    fixed = GPT(tiny("t1_r12"))
+    base = seeded(7, "baseline")
+    learned = seeded(7, "t1_r13")
+    fixed = seeded(7, "t1_r12")
     _same_nonzero_projections(base, learned, fixed)
     idx = batch(base.config)
     torch.testing.assert_close(learned(idx)[0], base(idx)[0], rtol=0, atol=0)
@@ -235,8 +233,7 @@ def test_the_gate_is_3_sigmoid_of_the_first_12_channels():
 def test_v1_variants_train_layer_0_w_v_through_the_later_layers():
     """V1 is layer 0's V itself, not a detached copy: with layer 0's own output cut (W_O = 0), its W_V
     still gets a gradient, through the target layers that reuse V1."""
-    torch.manual_seed(0)
-    model = GPT(tiny("t1_r06"))
+    model = seeded(0, "t1_r06")
     _same_nonzero_projections(model)
     with torch.no_grad():
         model.blocks[0].attn.c_proj.weight.zero_()
@@ -286,8 +283,7 @@ def test_the_baseline_trunk_equals_its_written_out_formula():
 
 def test_initial_weights_follow_the_documented_distributions():
     """GPT.init_weights' docstring, at d = 192 (enough entries for the moments to be within a few per cent)."""
-    torch.manual_seed(0)
-    model = GPT(tiny("value_embed_gated", n_embd=192, n_head=6, vocab_size=4096))
+    model = seeded(0, "value_embed_gated", n_embd=192, n_head=6, vocab_size=4096)
     d = 192
     s = math.sqrt(3 / d)
     assert abs(model.wte.weight.std().item() - 1) < 0.01
