@@ -10,7 +10,9 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 import signal  # noqa: E402
+import struct  # noqa: E402
 import subprocess  # noqa: E402
+import zipfile  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -24,6 +26,17 @@ def finish(p, timeout=300):
         p.communicate()
         pytest.fail(f"{subprocess.list2cmdline(map(str, p.args))[:200]} did not finish in {timeout} s")
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def flip_tensor_byte(path):
+    """Flip one bit in the middle of the largest record of the torch.save zip at path (a tensor's bytes),
+    as a bad disk or copy would; the zip's structure stays whole."""
+    data = bytearray(path.read_bytes())
+    record = max(zipfile.ZipFile(path).infolist(), key=lambda r: r.file_size)
+    name_len, extra_len = struct.unpack("<HH", data[record.header_offset + 26:record.header_offset + 30])  # local header
+    data[record.header_offset + 30 + name_len + extra_len + record.file_size // 2] ^= 1
+    path.write_bytes(bytes(data))
+    return record.filename
 
 
 @pytest.fixture(autouse=True)

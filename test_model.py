@@ -13,9 +13,10 @@ import zipfile
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.serialization import config as serialization_config
 
 from bench import CPU_SDPA_FLOPS  # SDPA's CPU kernel for the counter; backward = 2 x forward, nanochat's count
-from conftest import finish
+from conftest import finish, flip_tensor_byte
 from model import GPT, GPTConfig, KVCache, SIZES, TORCH_LEGACY_MAGIC, VARIANTS
 
 # A tiny model that still has sliding windows: block 256 gives S windows of 128 tokens.
@@ -727,6 +728,16 @@ def test_checkpoint_round_trip(tmp_path):
     with pytest.raises(ValueError, match=f"^cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged "
                                          r"\(a zip archive, but not torch.save's: no data.pkl\)$"):
         GPT.from_checkpoint(str(path))
+    path.write_bytes(good)
+    record = flip_tensor_byte(path)  # torch.load would take it, one weight changed
+    assert torch.load(str(path), weights_only=True)["model"].keys() == torch.load(io.BytesIO(good), weights_only=True)["model"].keys()
+    with pytest.raises(ValueError, match=f"^cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged "
+                                         f"\\(its record {record} fails its CRC-32 check\\)$"):
+        GPT.from_checkpoint(str(path))
+    with serialization_config.patch({"save.compute_crc32": False}):  # a writer that skips CRC-32s writes 0s: nothing to check
+        torch.save(torch.load(io.BytesIO(good), weights_only=True), str(path))
+    assert not any(r.CRC for r in zipfile.ZipFile(path).infolist())
+    assert torch.equal(GPT.from_checkpoint(str(path))[0](idx)[0], model(idx)[0])
     torch.save({"model": 1}, str(path))  # torch.save's, but not train.py's
     with pytest.raises(ValueError, match=f"^cannot read checkpoint {path}: KeyError: 'model_config'$"):
         GPT.from_checkpoint(str(path))

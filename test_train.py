@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ import torch
 
 import eval as ev
 import train
-from conftest import finish
+from conftest import finish, flip_tensor_byte
 from model import GPT, GPTConfig
 from prepare_data import load_meta, load_tokens
 
@@ -565,7 +566,11 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
         [*base, "--resume", "--matrix_lr=0.0123456789"])  # every digit where 6 would not give the number back
     assert open(ckpt, "rb").read() == before
     open(ckpt, "wb").write(before[:len(before) // 2])                       # truncated
-    assert "truncated or not a checkpoint" in error([*base, "--resume"])
+    assert error([*base, "--resume"]) == (f"--resume: cannot read checkpoint {ckpt}: not a checkpoint train.py wrote, "
+                                          f"or damaged (not a complete zip archive)")
+    open(ckpt, "wb").write(before)
+    record = flip_tensor_byte(Path(ckpt))                                   # one bit changed since the save
+    assert error([*base, "--resume"]).endswith(f"damaged (its record {record} fails its CRC-32 check)")
     open(ckpt, "wb").write(before)
     damaged = torch.load(ckpt, weights_only=True)
     del damaged["model"]["wte.weight"]
@@ -616,7 +621,7 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
         [*base[:-1], "--resume", "--max_iters=2"])
     r = finish(cli)  # the truncated copy, on the command line: the one line of the in-process error
     expected = error(cli_base)
-    assert "truncated or not a checkpoint" in expected
+    assert expected.endswith("or damaged (not a complete zip archive)")
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [f"error: {expected}"]
 
 

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory
+from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory, unreadable_checkpoint
 from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokenizer,
                           load_tokens, lock_folder, missing_top, out_dir_problem, prepare_command, remove_unused,
                           silence_stdout, tokenizer_sha256, write_json)
@@ -468,6 +468,9 @@ def load_resume(path, s, model_config, tok_sha, data_counts):
     """The checkpoint to continue, after checking it belongs to this run."""
     if not os.path.exists(path):
         raise ConfigError(f"--resume: no checkpoint at {path}")
+    problem = unreadable_checkpoint(path)  # truncated, or a byte changed since the save
+    if problem:
+        raise ConfigError(f"--resume: {problem}")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
