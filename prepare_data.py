@@ -95,8 +95,8 @@ def atomic_write(path, write, tmp=None):
     except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
-        if isinstance(e, OSError) and e.filename is None:  # numpy's short write (a full disk) names no file
-            e.filename = path
+        if isinstance(e, OSError) and e.errno is None and e.filename is None:  # numpy's short write (a full disk)
+            e.filename, e.strerror = path, f"{e} (a short write: is the disk full?)"  # names no file and no cause
         raise
 
 
@@ -1071,8 +1071,7 @@ def main(argv=None):
         if isinstance(e, BrokenPipeError):
             sys.exit("prepare_data.py: stopped: the reader of stdout left; re-run the same command to resume (or to see "
                      "that it is done)")
-        why = e.strerror or f"{e} (is the disk full?)"  # numpy's short writes have no errno
-        sys.exit(f"prepare_data.py: error: cannot write {e.filename or 'the output'}: {why}")
+        sys.exit(f"prepare_data.py: error: cannot write {e.filename or 'the output'}: {e.strerror or e}")
     except KeyboardInterrupt:
         print("prepare_data.py: interrupted; re-run the same command to resume", file=sys.stderr)
         sys.exit(130)  # 128 + SIGINT, as a shell reports Ctrl-C

@@ -717,13 +717,19 @@ def test_jsonl_blank_lines_are_skipped(tmp_path):
     assert meta["train_docs"] + meta["val_docs"] == len(docs)
 
 
-def test_a_short_write_names_its_file_and_leaves_no_temporary(tmp_path):
+def test_a_short_write_names_its_file_and_leaves_no_temporary(tmp_path, monkeypatch):
     def full_disk(f):
         f.write(b"half")
         raise OSError("1397523 requested and 897012 written")  # what numpy's tofile raises on a full disk
+    shard = str(tmp_path / "train_00000.bin")
     with pytest.raises(OSError) as e:
-        pd.atomic_write(str(tmp_path / "train_00000.bin"), full_disk)
-    assert e.value.filename == str(tmp_path / "train_00000.bin") and os.listdir(tmp_path) == []
+        pd.atomic_write(shard, full_disk)
+    assert e.value.filename == shard and os.listdir(tmp_path) == []
+    monkeypatch.setattr(pd, "prepare", lambda *_: pd.atomic_write(shard, full_disk))  # the line prepare_data.py prints
+    with pytest.raises(SystemExit) as e:
+        pd.main(["--out_dir", str(tmp_path / "d")])
+    assert e.value.code == (f"prepare_data.py: error: cannot write {shard}: 1397523 requested and 897012 written "
+                            f"(a short write: is the disk full?)")
 
 
 def test_force_removes_the_old_shards(tmp_path):
