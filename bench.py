@@ -749,9 +749,17 @@ def draw_plots(args, log):
     return paths
 
 
+def interrupted():
+    print("bench.py: interrupted", file=sys.stderr)
+    sys.exit(130)  # 128 + SIGINT, as a shell reports Ctrl-C
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)  # with --plot it imports matplotlib (a second or more)
+    except KeyboardInterrupt:
+        interrupted()
     args.argv = argv
     log = lambda msg: print(f"bench.py: {msg}", file=sys.stderr, flush=True)
     try:
@@ -762,8 +770,7 @@ def main(argv=None):
         if args.plot:
             r["plots"] = draw_plots(args, log)
     except KeyboardInterrupt:
-        print("bench.py: interrupted", file=sys.stderr)
-        sys.exit(130)  # 128 + SIGINT, as a shell reports Ctrl-C
+        interrupted()
     except Exception as e:
         if out_of_memory(e):
             sys.exit(f"bench.py: error: out of memory ({first_line(e)}); lower --decode_batch, --batch or the largest of --contexts")

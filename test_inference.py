@@ -535,6 +535,10 @@ def test_bench_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--quick"])
     assert e.value.code == 130 and capsys.readouterr().err.splitlines()[-1] == "bench.py: interrupted"
+    monkeypatch.setattr(bench, "pyplot", ctrl_c)  # while --plot's check imports matplotlib, before anything runs
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--plot"])
+    assert e.value.code == 130 and capsys.readouterr().err == "bench.py: interrupted\n"
 
 
 def test_bench_speed_table_lines_up(bench_json):
