@@ -527,12 +527,16 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     assert "--resume: no checkpoint" in error([*TINY, f"--data_dir={data_dir}", f"--out_dir={nested}", "--max_iters=2", "--resume"])
     assert not (tmp_path / "new").exists()
     assert "larger than the data's uint16" in error([*base, "--vocab_size=70000"])
-    assert "smaller than the data's vocabulary" in error([*base, "--vocab_size=100"])
+    assert "smaller than the data's vocabulary (" in error([*base, "--vocab_size=100"])
+    assert error([*base, "--vocab_size=100", "--dry_run"]) == error([*base, "--vocab_size=100"])  # the plan checks it too
+    assert "larger than the data's uint16" in error([*base, "--vocab_size=70000", "--dry_run"])
     assert "layer 0 produces V1" in error([*base, "--variant=svformer", "--bov_layers=0,1"])
     assert "bov_layers must be 'last_third', 'every_other', 'all', 'none' or a list of layer indices, got 'last_2'" \
         in error([*base, "--bov_layers=last_2"])
     assert "--variant=baseline has no target layers; --bov_layers would train a value variant under its name" \
         in error([*base, "--variant=baseline", "--bov_layers=1"])
+    assert error([*base, "--variant=bov", "--bov_layers=none"]) == ("--variant=bov with --bov_layers=none is standard "
+                                                                   "attention under a value variant's name: train it as --variant=baseline")
     assert "--device_batch_size must be positive" in error([*base, "--device_batch_size=0"])
     assert "--dtype must be one of" in error([*base, "--dtype=fp8"])
     assert "--compile must be one of" in error([*base, "--compile=maybe"])
@@ -918,8 +922,8 @@ def test_a_stopped_run_removes_its_out_dir_before_it_unlocks_it(data_dir, tmp_pa
         real(folder, top)
     monkeypatch.setattr(train, "remove_unused", remove_unused)
     out = tmp_path / "new" / "run"
-    with pytest.raises(train.ConfigError, match="smaller than the data's vocabulary"):
-        train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=2", "--vocab_size=100"])
+    with pytest.raises(train.ConfigError, match="^--resume: no checkpoint"):  # a refusal after the folder is made
+        train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=2", "--resume"])
     assert held == [True] and not (tmp_path / "new").exists()
 
 

@@ -663,10 +663,17 @@ def plan(s, model_overrides, world, log):
     if meta is None:  # a dry run without the data: say what it assumed
         log(f"note: {s['data_dir']} is not prepared yet (`{prepare_command(s['data_dir'])}`); this plan assumes "
             f"vocab_size {model_config.vocab_size}, the size's")
+    else:  # the dry run checks this too
+        if model_config.vocab_size < meta["vocab_size"]:
+            raise ConfigError(f"vocab_size {model_config.vocab_size} is smaller than the data's vocabulary ({meta['vocab_size']})")
+        if model_config.vocab_size > np.iinfo(np.dtype(meta["dtype"])).max + 1:
+            raise ConfigError(f"vocab_size {model_config.vocab_size} is larger than the data's {meta['dtype']} ids can hold")
     standard = not VARIANTS[s["variant"]]  # no overrides: standard attention (baseline, t1_r01)
-    if standard and model_config.target_layers():  # its name (and out_dir) would say otherwise
+    if standard != (not model_config.target_layers()):  # its name (and out_dir) would say otherwise
         raise ConfigError(f"--variant={s['variant']} has no target layers; --bov_layers would train a value variant under "
-                          f"its name: start from one that has them, e.g. --variant=bov --bov_layers=...")
+                          f"its name: start from one that has them, e.g. --variant=bov --bov_layers=..." if standard else
+                          f"--variant={s['variant']} with --bov_layers=none is standard attention under a value variant's "
+                          f"name: train it as --variant=baseline")
     shapes = GPT.meta(model_config)
     flops_per_token = shapes.estimate_flops()
     counts = shapes.num_params()
@@ -722,14 +729,8 @@ def claim_out_dir(s, made, ddp, master, ckpt_path):
 
 
 def load_data(s, meta, model_config, tokens, log):
-    """Check the model's vocabulary against the data, lock the data folder for reading and load it
-    -> (loader, val, token_bytes, tok_sha, data_counts)."""
+    """Lock the data folder for reading and load it -> (loader, val, token_bytes, tok_sha, data_counts)."""
     T = model_config.block_size
-    dtype_max = np.iinfo(np.dtype(meta["dtype"])).max
-    if model_config.vocab_size < meta["vocab_size"]:
-        raise ConfigError(f"vocab_size {model_config.vocab_size} is smaller than the data's vocabulary ({meta['vocab_size']})")
-    if model_config.vocab_size > dtype_max + 1:
-        raise ConfigError(f"vocab_size {model_config.vocab_size} is larger than the data's {meta['dtype']} ids can hold")
     RUN["data_lock"] = lock_folder(s["data_dir"], False, f"{s['data_dir']} is being written by prepare_data.py; "
                                                          f"wait for it to finish")  # and it waits for this run
     loader = Batches(load_tokens(s["data_dir"], "train"), meta["bos_id"], T, s["seed"])
