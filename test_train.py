@@ -665,6 +665,7 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path, monkeypat
                            ("--dry_run=", "--dry_run: expected true/false, got ''"),  # not read as true
                            ("--data_dir=", "--data_dir is empty; give the prepared-data folder (default data/shakespeare)"),
                            ("max_iters=5", "config file max_iters=5 not found; did you mean --max_iters=5?"),
+                           ("-max_iters=5", "config file -max_iters=5 not found; did you mean --max_iters=5?"),
                            ("--device=xla", "--device xla is not usable here: this torch build has no xla backend")):
         assert expected in error([*base, flag]), flag
     assert "--max_iters must be positive, got 0" in error([*TINY, f"--data_dir={data_dir}", "--max_iters=0"])
@@ -673,6 +674,8 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path, monkeypat
                            ("seed = None", "expected int"), ('size = ["cpu"]', "expected str")):
         config.write_text(line + "\n")
         assert expected in error([str(config), *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}"]), line
+    config.write_text('n_layer = "six"\n')  # no default quoted: GPTConfig's 12 is not the cpu size's 6
+    assert error([str(config), *TINY, f"--data_dir={data_dir}"]) == f"n_layer = 'six' in config file {config}: expected int"
     config.write_text("import math\nmax_iters = math.floor(2.5)\n")  # a module is not a setting
     assert train.resolve_settings([str(config), *TINY, f"--data_dir={data_dir}"])[0]["max_iters"] == 2
     (tmp_path / "afile").write_text("")

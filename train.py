@@ -154,7 +154,7 @@ def _check_type(key, value, like, where):
     else:
         ok = True
     if not ok:
-        raise ConfigError(f"{key} = {value!r} in {where}: expected {type(like).__name__}, like the default {like!r}")
+        raise ConfigError(f"{key} = {value!r} in {where}: expected {type(like).__name__}")  # (a model field's default is no size's)
     return value
 
 
@@ -199,7 +199,7 @@ def resolve_settings(argv):
             if not os.path.isfile(arg):
                 if os.path.isdir(arg):
                     raise ConfigError(f"config file {arg} is a folder")
-                hint = f"; did you mean --{arg}?" if "=" in arg and os.sep not in arg else ""  # nanoGPT's form
+                hint = f"; did you mean --{arg.lstrip('-')}?" if "=" in arg and os.sep not in arg else ""  # nanoGPT's form, or -key
                 raise ConfigError(f"config file {arg} not found{hint}")
             scope = {}
             try:
