@@ -268,6 +268,8 @@ def load_meta(data_dir):
     """Return the dict in data_dir/meta.json. DataError if the data is not (completely) prepared."""
     path = os.path.join(data_dir, "meta.json")
     if not os.path.exists(path):
+        if os.path.isfile(data_dir):
+            raise DataError(f"{data_dir} is a file; the data is a folder that prepare_data.py writes (--data_dir)")
         if os.path.exists(os.path.join(data_dir, "progress.json")):
             raise DataError(f"preparation of {data_dir} is incomplete; re-run prepare_data.py "
                             f"with the same arguments to resume it")
@@ -541,6 +543,9 @@ class Source:
             pattern = os.path.expanduser(spec[len("files:"):])
             self.paths = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
             if not self.paths:
+                if os.path.isdir(pattern):  # a folder is no glob of files: say which glob would be
+                    raise DataError(f"{spec[len('files:'):]!r} is a folder; give a glob of its files, e.g. "
+                                    f"--source='files:{os.path.join(spec[len('files:'):], '*.txt')}'")
                 raise DataError(f"no files match {spec[len('files:'):]!r}")
             bad = [p for p in self.paths if not p.endswith((".txt", ".md", ".jsonl", ".parquet"))]
             if bad:
@@ -1048,8 +1053,10 @@ documents only. Rerunning with the same arguments resumes an interrupted run or 
     p.add_argument("--vocab_size", type=_count, help="BPE vocab incl. bos (default: 4096 for shakespeare, else 32768)")
     p.add_argument("--tokenizer_chars", type=_count, help="characters of training text to train the BPE on (default 1e9)")
     p.add_argument("--train_tokens", type=_count,
-                   help="stop after this many train tokens (default: climbmix 2.2e9, one epoch for every 135M run; else all)")
-    p.add_argument("--val_tokens", type=_count, help="validation tokens (default: climbmix 41.9e6, else 1e6)")
+                   help="stop after this many train tokens (default: climbmix 2.2e9, one epoch for every 135M run; hf:/files: "
+                   "all; not for shakespeare)")
+    p.add_argument("--val_tokens", type=_count, help="validation tokens (default: climbmix 41.9e6, hf:/files: 1e6; not for "
+                   "shakespeare, whose validation is three held-out plays)")
     p.add_argument("--shard_tokens", type=_count, default=100_000_000, help="tokens per shard (default 1e8)")
     p.add_argument("--force", action="store_true", help=f"prepare out_dir from scratch, replacing the files this "
                                                          f"tool writes there ({', '.join(OUR_FILES)}); other files stay")

@@ -478,6 +478,8 @@ def test_bad_input_is_one_line(tmp_path):
         assert prep("--source", spec, "--out_dir", tmp_path / "a") == (
             f"prepare_data.py: error: unknown --source {spec!r}; use shakespeare, climbmix, hf:NAME[:CONFIG] or files:GLOB")
     assert "no files match" in prep("--source", "files:" + str(tmp_path / "none*.jsonl"), "--out_dir", tmp_path / "a")
+    assert prep("--source", f"files:{tmp_path}", "--out_dir", tmp_path / "a") == (  # a folder: the glob to give
+        f"prepare_data.py: error: '{tmp_path}' is a folder; give a glob of its files, e.g. --source='files:{tmp_path}/*.txt'")
     assert "does not apply" in prep("--val_tokens", 1000, "--out_dir", tmp_path / "a")
     with pytest.raises(pd.DataError, match=f"^no prepared data in {tmp_path / 'a'}; run `python prepare_data.py --source=... "
                                            f"--out_dir={tmp_path / 'a'}` first$"):

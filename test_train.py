@@ -523,6 +523,8 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     assert "unknown variant" in error([*base, "--variant=bovv"])
     assert "give one budget" in error([*base, "--target_flops=1e12"])
     assert "no prepared data" in error([*TINY, "--data_dir=/nonexistent", "--max_iters=2"])
+    assert error([*TINY, f"--data_dir={data_dir}/meta.json", "--max_iters=2"]) == (
+        f"{data_dir}/meta.json is a file; the data is a folder that prepare_data.py writes (--data_dir)")
     nested = tmp_path / "new" / "deep" / "run"  # a folder that a failed run made goes again, parents included
     assert "--resume: no checkpoint" in error([*TINY, f"--data_dir={data_dir}", f"--out_dir={nested}", "--max_iters=2", "--resume"])
     assert not (tmp_path / "new").exists()
