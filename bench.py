@@ -449,7 +449,7 @@ def number(x):
 
 def read_metrics(path):
     """[(tokens or step, val_bpb)] from a train.py metrics JSONL file (records without val_bpb skipped);
-    BenchError for a record whose numbers or coefficients ({layer: {name: value}}) are not numbers."""
+    BenchError for a record whose numbers or coefficients ({layer: {name: value}}) are not finite numbers."""
     points = []
     for r in read_records(path):
         coeffs = r.get("coefficients")
@@ -460,7 +460,7 @@ def read_metrics(path):
             continue
         x = r.get("tokens", r.get("step"))
         if not (number(r["val_bpb"]) and number(x)):
-            raise BenchError(f"{path}: a record's val_bpb and tokens (or step) are not numbers: {r['val_bpb']!r}, {x!r}")
+            raise BenchError(f"{path}: a record's val_bpb and tokens (or step) are not finite numbers: {r['val_bpb']!r}, {x!r}")
         points.append((x, r["val_bpb"]))
     if not points:
         raise BenchError(f"{path} has no records with val_bpb")
@@ -778,6 +778,8 @@ def main(argv=None):
             sys.exit(f"bench.py: error: torch.compile failed ({first_line(e)}); run without --compile")
         if not isinstance(e, (BenchError, ValueError, OSError)):
             raise
+        if isinstance(e, OSError) and e.filename and e.strerror:  # e.g. a full disk under a PNG: "PATH: No space left ..."
+            sys.exit(f"bench.py: error: {e.filename}: {e.strerror}")
         sys.exit(f"bench.py: error: {first_line(e, None)}")
     try:
         if "speed" in r:

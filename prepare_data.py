@@ -82,6 +82,11 @@ class DataError(Exception):
 # -----------------------------------------------------------------------------
 # files, folders and locks (also used by train.py, bench.py and eval.py)
 
+def plural(n, noun):
+    """'1 doc', '2,048 docs': a number and its noun, for the scripts' progress and summary lines."""
+    return f"{n:,} {noun}{'s' * (n != 1)}"
+
+
 def atomic_write(path, write, tmp=None):
     """Call write(f) on a temporary file (tmp, default path + ".tmp"), then rename it to path,
     so that path is never half-written."""
@@ -1012,8 +1017,8 @@ def prepare(config, out_dir, force=False, held=None):
     held.pop("made", None)  # written: nothing to undo
     held.pop("lock").close()
     speed = f", encoded {nbytes / 1e6:.1f} MB at {nbytes / 1e6 / seconds:.1f} MB/s" if seconds > 0 else ""
-    print(f"prepared {out_dir}: {state['train_tokens']:,} train tokens ({state['train_docs']:,} docs), "
-          f"{state['val_tokens']:,} val tokens ({state['val_docs']:,} docs) in {time.time() - t_start:.1f}s{speed}")
+    print(f"prepared {out_dir}: {plural(state['train_tokens'], 'train token')} ({plural(state['train_docs'], 'doc')}), "
+          f"{plural(state['val_tokens'], 'val token')} ({plural(state['val_docs'], 'doc')}) in {time.time() - t_start:.1f}s{speed}")
     return state
 
 

@@ -31,7 +31,7 @@ if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 
 import torch
 
 from model import GPT, checkpoint_file, compile_failed, first_line
-from prepare_data import DataError, load_tokenizer, silence_stdout, tokenizer_sha256
+from prepare_data import DataError, load_tokenizer, plural, silence_stdout, tokenizer_sha256
 
 SEPARATOR = "\n---------------\n"
 
@@ -267,8 +267,8 @@ def main(argv=None):
         raise
     n_prompt, t_prefill, n_decode, t_decode = totals
     if n_prompt:
-        print(f"sample.py: prefill {n_prompt} tokens at {rate(n_prompt, t_prefill)}; "
-              f"decode {n_decode} tokens at {rate(n_decode, t_decode)}"
+        print(f"sample.py: prefill {plural(n_prompt, 'token')} at {rate(n_prompt, t_prefill)}; "
+              f"decode {plural(n_decode, 'token')} at {rate(n_decode, t_decode)}"
               + (" (both include compiling)" if args.compile else ""), file=sys.stderr)
     elif interrupted:
         print("sample.py: no sample finished, so no speeds are reported", file=sys.stderr)

@@ -798,3 +798,8 @@ def test_bos_decodes_as_its_text(corpus):
     tok = pd.load_tokenizer(corpus[2])
     ids = [tok.bos_id] + tok.encode("the bank")
     assert tok.decode(ids) == "<|bos|>the bank"
+
+
+def test_counts_read_as_english():
+    """'1 doc', not '1 docs' (a one-document val split, or sample.py's empty prompt: 'prefill 1 token')."""
+    assert [pd.plural(n, "doc") for n in (0, 1, 2, 2048)] == ["0 docs", "1 doc", "2 docs", "2,048 docs"]

@@ -1,6 +1,7 @@
 """Tests of sample.py and bench.py on a tiny checkpoint and tokenizer made here (CPU, seconds).
 Run: python -m pytest -q test_inference.py"""
 
+import errno
 import json
 import math
 import os
@@ -160,8 +161,9 @@ def test_greedy_offloaded_tables_give_the_same_tokens(tiny, capsys):
 
 def test_empty_prompt_starts_from_bos(tiny, capsys):
     path, tok, model = tiny
-    out = run_sample(capsys, "--ckpt", path, "--max_new_tokens", "16", "--temperature", "0").out
-    assert out == greedy_text(model, tok, [tok.bos_id], 16)
+    res = run_sample(capsys, "--ckpt", path, "--max_new_tokens", "16", "--temperature", "0")
+    assert res.out == greedy_text(model, tok, [tok.bos_id], 16)
+    assert re.fullmatch(r"sample.py: prefill 1 token at [\d,.]+ tok/s; decode 15 tokens at [\d,.]+ tok/s", res.err.splitlines()[-1])
 
 
 def test_prompt_from_a_file(tiny, tmp_path, capsys):
@@ -629,7 +631,7 @@ def test_bench_plots_and_metrics(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit) as e:
         bench.main(["--plot", "--plot_dir", str(tmp_path), str(tmp_path / "bad.jsonl")])
     assert e.value.code.startswith(f"bench.py: error: {tmp_path / 'bad.jsonl'}:1: not JSON (")
-    for bad, expected in (({"val_bpb": "2.5", "tokens": 0}, "are not numbers: '2.5'"),
+    for bad, expected in (({"val_bpb": "2.5", "tokens": 0}, "are not finite numbers: '2.5'"),
                           ({"val_bpb": 2.5, "tokens": 0, "coefficients": {"4": 1.0}}, "coefficients are not"),
                           ({"val_bpb": 2.5, "tokens": 0, "coefficients": {"4": {"gamma_v": None}}}, "coefficients are not")):
         (tmp_path / "bad.jsonl").write_text(json.dumps(bad) + "\n")
@@ -825,3 +827,14 @@ def test_the_same_preset_twice_saves_nothing():
     """B10 (`extra_tables <= 0`: A against itself reported as "saves memory at every context")."""
     cfg = GPTConfig.preset("paper_135m", "bov")
     assert bench.kv_memory(cfg, cfg, batch=4)["breakeven_tokens"] is None
+
+
+def test_a_plot_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    png = str(tmp_path / "fig5a.png")
+    def full_disk(path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+    monkeypatch.setattr(bench, "fig5a", full_disk)
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"type": "val", "step": 1, "tokens": 10, "val_bpb": 2.5}) + "\n")
+    with pytest.raises(SystemExit) as e:  # given a metrics file, plots only
+        bench.main(["--plot", "--plot_dir", str(tmp_path), str(tmp_path / "metrics.jsonl")])
+    assert e.value.code == f"bench.py: error: {png}: No space left on device"  # not "[Errno 28] ..."
