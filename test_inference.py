@@ -838,3 +838,18 @@ def test_a_plot_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as e:  # given a metrics file, plots only
         bench.main(["--plot", "--plot_dir", str(tmp_path), str(tmp_path / "metrics.jsonl")])
     assert e.value.code == f"bench.py: error: {png}: No space left on device"  # not "[Errno 28] ..."
+
+
+def test_sigterm_while_a_png_is_written_leaves_no_temporary(tmp_path):
+    """bench.py's SIGTERM is a SystemExit(143): atomic_write removes its half-written file (killed outright, it stayed)."""
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"type": "eval", "step": 1, "tokens": 10, "val_bpb": 2.5}) + "\n")
+    script = ("import matplotlib.figure, os, runpy, signal, sys, time\n"
+              "def savefig(fig, f, **kw):\n"
+              "    f.write(b'half')\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    time.sleep(5)\n"
+              "matplotlib.figure.Figure.savefig = savefig\n"
+              f"sys.argv = ['bench.py', '--plot', '--plot_dir', {str(tmp_path / 'plots')!r}, {str(tmp_path / 'metrics.jsonl')!r}]\n"
+              f"runpy.run_path({os.path.join(HERE, 'bench.py')!r}, run_name='__main__')\n")
+    r = finish(subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), 120)
+    assert r.returncode == 143 and os.listdir(tmp_path / "plots") == [], r.stderr[-500:]
