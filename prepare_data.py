@@ -961,6 +961,14 @@ def prepare(config, out_dir, force=False, held=None):
             _remove(out_dir, ("progress.json",))  # left by a run killed between writing meta.json and removing it
         print(f"{out_dir} is already prepared ({state['train_tokens']:,} train / {state['val_tokens']:,} val tokens); "
               f"nothing to do")
+        if state.get("files") is not None:  # a files: source (a glob and stat calls, no reading)
+            try:
+                now = (source or new_source()).fingerprint
+            except DataError:  # the files are gone: the data stays as prepared
+                now = None
+            if now != state["files"]:
+                print(f"note: the files of {config['source']} changed since {out_dir} was prepared; it holds them as "
+                      f"they were (--force prepares them again)")
         return state
     if reading:  # there is work to do, under a reader
         raise DataError(busy)

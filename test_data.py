@@ -256,7 +256,7 @@ def test_interrupted_run_resumes(tmp_path, monkeypatch):
     assert {k: v[1] for k, v in clean.items()} == {k: v[1] for k, v in resumed.items()}  # same names, same bytes
 
 
-def test_a_resume_refuses_files_that_changed(tmp_path, monkeypatch):
+def test_a_resume_refuses_files_that_changed(tmp_path, monkeypatch, capsys):
     """Rows are numbered across the matched files and the val split is chosen by row: a resume after a file
     was added would put val documents into train. It is refused in one line, the folder untouched; with
     the files as they were, the resume goes ahead."""
@@ -276,6 +276,14 @@ def test_a_resume_refuses_files_that_changed(tmp_path, monkeypatch):
     assert snapshot(tmp_path / "out") == before
     added.unlink()
     assert prep(*args) is None and pd.load_meta(tmp_path / "out")["train_shards"]
+    capsys.readouterr()
+    added.write_text(json.dumps({"text": docs[0]}) + "\n")  # once finished, a change is noted, the data kept
+    before = snapshot(tmp_path / "out")
+    assert prep(*args) is None and snapshot(tmp_path / "out") == before
+    assert capsys.readouterr().out.splitlines()[-1] == (f"note: the files of files:{pattern} changed since {tmp_path / 'out'} "
+                                                        f"was prepared; it holds them as they were (--force prepares them again)")
+    added.unlink()
+    assert prep(*args) is None and "note" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("endpoint", ["http://127.0.0.1:notaport", "huggingface.co"])
