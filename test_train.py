@@ -563,6 +563,8 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     cli = start_train(cli_base)
     assert "pass --resume" in error(base)                                   # never overwrite a run
     assert "different model" in error([*base, "--resume", "--n_layer=3"])   # another config
+    assert error([*base, "--resume", "--variant=baseline"]) == (f"--resume: {ckpt} is a --size=cpu --variant=bov run, this "
+                                                               f"one --size=cpu --variant=baseline; use the same, or another --out_dir")
     assert error([*base, "--resume", "--seed=4"]).endswith("other settings (seed=3 there, 4 here); use the same ones (--seed=3)")
     assert error([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--target_flops=1e7", "--resume"]).endswith(
         "other settings (target_flops=0 there, 1e+07 here, max_iters=2 there, 0 here); use the same ones (--max_iters=2) "

@@ -486,6 +486,10 @@ def load_resume(path, s, model_config, tok_sha, data_counts):
             raise ConfigError(f"--resume: {path} is damaged ({key!r} is a {type(ckpt[key]).__name__}, not a {kind.__name__})")
     if not all(isinstance(m, dict) and {"type", "step"} <= set(m) for m in ckpt["metrics"]):
         raise ConfigError(f"--resume: {path} is damaged (its metrics are not train.py's records)")
+    preset = {k: ckpt["train_config"].get(k) for k in ("size", "variant")}
+    if preset != {k: s[k] for k in preset}:  # said before the fields that follow from it
+        raise ConfigError(f"--resume: {path} is a --size={preset['size']} --variant={preset['variant']} run, this one "
+                          f"--size={s['size']} --variant={s['variant']}; use the same, or another --out_dir")
     saved, now = ckpt["model_config"], asdict(model_config)
     if saved != now:
         diff = ", ".join(f"{k}={saved.get(k)!r} there, {now.get(k)!r} here" for k in now if saved.get(k) != now[k])
