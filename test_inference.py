@@ -171,6 +171,12 @@ def test_prompt_from_a_file(tiny, tmp_path, capsys):
     (tmp_path / "p.txt").write_text("Zürich 🚀 table", encoding="utf-8")
     out = run_sample(capsys, "--ckpt", path, "--start", f"FILE:{tmp_path / 'p.txt'}", "--max_new_tokens", "8", "--temperature", "0").out
     assert out == greedy_text(model, tok, [tok.bos_id] + tok.encode("Zürich 🚀 table"), 8)
+    (tmp_path / "line.txt").write_text("ROMEO:\n")  # a text file's last newline is part of the prompt
+    out = run_sample(capsys, "--ckpt", path, "--start", f"FILE:{tmp_path / 'line.txt'}", "--max_new_tokens", "8", "--temperature", "0").out
+    assert out == greedy_text(model, tok, [tok.bos_id] + tok.encode("ROMEO:\n"), 8)
+    (tmp_path / "blank.txt").write_text("\n")  # whitespace is a prompt, not an empty file
+    res = run_sample(capsys, "--ckpt", path, "--start", f"FILE:{tmp_path / 'blank.txt'}", "--max_new_tokens", "8", "--temperature", "0")
+    assert res.out == greedy_text(model, tok, [tok.bos_id] + tok.encode("\n"), 8) and "empty" not in res.err
     (tmp_path / "empty.txt").write_text("")
     res = run_sample(capsys, "--ckpt", path, "--start", f"FILE:{tmp_path / 'empty.txt'}", "--max_new_tokens", "8", "--temperature", "0")
     assert res.out == greedy_text(model, tok, [tok.bos_id], 8)
@@ -352,7 +358,7 @@ def test_a_full_or_closed_stdout_is_one_line(tiny):
     assert r.returncode == 1 and r.stderr.strip() == "sample.py: error: stdout is closed; the text has nowhere to go"
 
 
-@pytest.mark.parametrize("case", ["tokenizer", "prompt_file", "not_a_checkpoint", "not_utf8"])
+@pytest.mark.parametrize("case", ["tokenizer", "prompt_file", "not_a_checkpoint", "not_utf8", "not_utf8_file"])
 def test_other_bad_inputs_are_one_line_errors(tiny, tmp_path, case):
     path, _, _ = tiny
     if case == "tokenizer":
@@ -362,6 +368,10 @@ def test_other_bad_inputs_are_one_line_errors(tiny, tmp_path, case):
     elif case == "not_utf8":  # a byte 0xff on the command line reaches sys.argv as the lone surrogate \udcff
         args, expected = ["--ckpt", path, "--start", b"ROMEO\xff".decode("utf-8", "surrogateescape")], \
             "--start is not UTF-8 text (surrogates not allowed at character 5)"
+    elif case == "not_utf8_file":
+        (tmp_path / "latin1.txt").write_bytes("Zürich".encode("latin-1"))
+        args, expected = ["--ckpt", path, "--start", f"FILE:{tmp_path / 'latin1.txt'}"], \
+            f"cannot read the prompt file {tmp_path / 'latin1.txt'}: 'utf-8' codec can't decode byte 0xfc"
     else:
         (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
         args, expected = ["--ckpt", str(tmp_path / "bad.pt")], "cannot read checkpoint"

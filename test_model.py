@@ -395,13 +395,14 @@ def test_compiled_generation_compiles_a_few_graphs():
 
 @pytest.mark.parametrize("variant", ["baseline", "bov", "t1_r06", "t1_r13"])
 def test_chunked_prefill_equals_one_forward(variant):
-    """Feeding 150 tokens as 100 + 1 + 49 through the cache gives the logits of one full forward."""
+    """Feeding 150 tokens as 2 + 98 + 1 + 49 through the cache gives the logits of one full forward (a 2-token
+    prefill, what sample.py's one-token --start gives after <|bos|>, needs its causal mask too)."""
     cfg = tiny(variant)
     model = build(cfg)
     idx = batch(cfg, B=2, T=150)
     full, _ = model(idx)
     cache = model.new_cache(2)
-    parts = [model(idx[:, a:b], cache=cache)[0] for a, b in ((0, 100), (100, 101), (101, 150))]
+    parts = [model(idx[:, a:b], cache=cache)[0] for a, b in ((0, 2), (2, 100), (100, 101), (101, 150))]
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-9, atol=1e-9)
 
 
@@ -607,6 +608,39 @@ def test_bad_ids_raise_value_error(bad_ids, message):
         model(bad_ids)
 
 
+def test_generate_checks_the_prompt_before_anything_runs():
+    """A prompt longer than block_size is refused with or without the cache (never cropped, nor blamed on the
+    cache), and bad ids are refused even when no token is asked for."""
+    model = GPT(tiny("bov"))
+    for use_cache in (True, False):
+        with pytest.raises(ValueError, match="^sequence of 257 tokens is longer than block_size 256$"):
+            model.generate(torch.zeros(1, 257, dtype=torch.long), 1, use_cache=use_cache)
+    with pytest.raises(ValueError, match="token ids must be in"):
+        model.generate(torch.tensor([[1, 97]]), 0)
+
+
+def test_top_k_of_the_whole_vocabulary_excludes_no_token(monkeypatch):
+    """top_k >= |V| (sample.py's default 200 over a smaller vocabulary) keeps every token drawable."""
+    seen = []
+    monkeypatch.setattr(torch, "multinomial", lambda probs, n, generator=None: seen.append(probs) or probs.argmax(-1, keepdim=True))
+    logits = -torch.arange(97.0).unsqueeze(0)  # token 96 the least likely
+    for top_k in (97, 200):
+        GPT.sample_next(logits, 1.0, top_k)
+    assert all(bool((p > 0).all()) for p in seen)
+    GPT.sample_next(logits, 1.0, 96)
+    assert seen[-1][0, -1] == 0 and bool((seen[-1][0, :-1] > 0).all())
+
+
+def test_table_decode_softmax_is_float32_under_bf16(monkeypatch):
+    """Under bf16 autocast q is bf16; the decode step's attention weights are still computed in float32."""
+    model = GPT(tiny("bov")).eval()
+    dtypes, softmax = [], torch.softmax
+    monkeypatch.setattr(torch, "softmax", lambda *a, **k: dtypes.append(k.get("dtype")) or softmax(*a, **k))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model.generate(batch(model.config, B=1, T=5), 2, temperature=0)
+    assert dtypes and set(dtypes) == {torch.float32}
+
+
 def test_cache_overflow_raises():
     model = GPT(tiny())
     cache = model.new_cache(1, max_len=10)
@@ -648,6 +682,23 @@ def test_the_row_cache_starts_over_for_every_sequence():
     first = model.offload.rows_fetched
     model.generate(prompt, 20, temperature=0)
     assert first > 0 and model.offload.rows_fetched == 2 * first
+
+
+def test_the_row_cache_fetches_each_id_once_and_stays_small():
+    """The row of slot 0 is not fetched again; the cache starts at 64 rows and never grows past |V|; the
+    tables' parameters are views of the one host copy."""
+    model = build(tiny("bov"))
+    model.offload_tables("cpu")
+    off, n = model.offload, len(model.tables)
+    assert all(t.weight.untyped_storage().data_ptr() == off.host.untyped_storage().data_ptr() for t in model.tables)
+    off.prefetch(torch.tensor([[3, 4]]))
+    assert off.device_rows.size(1) == 64 and off.rows_fetched == 2 * n
+    off.prefetch(torch.tensor([[3]]))  # slot 0's id again
+    off.prefetch(torch.tensor([[4, 3]]))
+    assert off.used == 2 and off.rows_fetched == 2 * n and off.bytes_moved == 2 * n * 48 * 8
+    off.prefetch(torch.arange(97).view(1, -1))  # every id: 97 rows, not the next power of two (128)
+    assert off.device_rows.size(1) == 97 and off.used == 97 and off.rows_fetched == 97 * n
+    torch.testing.assert_close(off.rows(1, torch.tensor([5, 3])), model.tables[1].weight[[5, 3]], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("variant", ["bov", "bov_shared_table", "value_embed_gated"])
