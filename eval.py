@@ -414,7 +414,7 @@ def evaluate_core(model, tokenizer, bundle_dir=None, tasks=None, max_per_task=No
                 r = baselines[label]
                 results[label] = dict(accuracy=acc, centered=(acc - r) / (1 - r), random_baseline=r,
                                       items=min(len(data), max_per_task or len(data)),
-                                      shots=TASKS[label].shots, kind=TASKS[label].kind)
+                                      shots=min(TASKS[label].shots, len(data) - 1), kind=TASKS[label].kind)  # as drawn
                 bar.write(f"{label:<33} accuracy {acc:.4f}  centered {results[label]['centered']:+.4f}  "
                           f"({results[label]['items']} items, {time.time() - t0:.1f}s)", file=sys.stderr)  # progress
     finally:

@@ -157,6 +157,9 @@ def test_each_kind_scores_exactly_what_the_model_predicts(tmp_path, label):
     res = ev.evaluate_core(RuleModel(), CharTokenizer(), bundle, tasks=[label], batch_size=7)
     assert res["tasks"][label]["accuracy"] == pytest.approx(expected_accuracy(items), abs=1e-12)
     assert res["tasks"][label]["items"] == 40 and res["tasks"][label]["shots"] == ev.TASKS[label].shots
+    if ev.TASKS[label].shots > 2:  # a task with fewer other items than its shots: the count drawn, not the task's
+        small = ev.evaluate_core(RuleModel(), CharTokenizer(), write_bundle(tmp_path / "small", {label: items[:3]}), tasks=[label])
+        assert small["tasks"][label]["shots"] == 2
 
 
 def test_multiple_choice_ranks_by_loss_per_byte_not_per_token_or_summed():
