@@ -796,5 +796,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SystemExit: a PNG or JSON being written is removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SystemExit: a PNG being written is removed
     main()

@@ -39,6 +39,20 @@ def flip_tensor_byte(path):
     return record.filename
 
 
+def set_compression_method(path, method):
+    """Write `method` into the central-directory entry of the largest record of the torch.save zip at path
+    (torch stores, method 0, and ignores the field; zipfile reads by it)."""
+    data = bytearray(path.read_bytes())
+    archive = zipfile.ZipFile(path)
+    records = archive.infolist()
+    largest = max(records, key=lambda r: r.file_size)
+    pos = archive.start_dir
+    for r in records[:records.index(largest)]:  # each entry: 46 bytes, then its name, extra field and comment
+        pos += 46 + sum(struct.unpack("<HHH", data[pos + 28:pos + 34]))
+    data[pos + 10:pos + 12] = struct.pack("<H", method)
+    path.write_bytes(bytes(data))
+
+
 @pytest.fixture(autouse=True)
 def kill_leftover_processes(monkeypatch):
     """A test that starts a script early and fails a check before collecting it leaves nothing running."""

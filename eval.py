@@ -459,7 +459,7 @@ def main(argv=None):
     args.ckpt = checkpoint_file(args.ckpt)  # a run's folder: its ckpt.pt
     if not os.path.isfile(args.ckpt):  # before the bundle, which may be a download
         sys.exit(f"eval.py: error: {no_checkpoint(args.ckpt)}")
-    problem = unreadable_checkpoint(args.ckpt)  # a truncated copy, before the bundle too
+    problem = unreadable_checkpoint(args.ckpt, crc=False)  # a truncated copy, before the bundle too (the CRCs: at the load)
     if problem:
         sys.exit(f"eval.py: error: {problem}")
     partial = args.tasks is not None or args.max_per_task is not None

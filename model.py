@@ -25,6 +25,7 @@ import re
 import signal
 import sys
 import zipfile
+import zlib
 from dataclasses import asdict, dataclass, field, fields
 
 if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
@@ -873,11 +874,12 @@ def checkpoint_file(path):
     return inside if os.path.isdir(path) and os.path.isfile(inside) else path
 
 
-def unreadable_checkpoint(path):
+def unreadable_checkpoint(path, crc=True):
     """Why the file at path cannot be a checkpoint, in one line, or None when it looks like torch.save's: a whole
-    zip archive holding a data.pkl whose records match their CRC-32s (a truncated copy has lost the directory at
-    the zip's end; torch.load itself checks no CRC, so a flipped byte inside a tensor would load), or the legacy
-    format, a pickle that starts with torch's magic number (no checksum there). Reads the file once (5 GB/s here)."""
+    zip archive holding a data.pkl (a truncated copy has lost the directory at the zip's end), or the legacy
+    format, a pickle that starts with torch's magic number. With crc, the zip's records must also match their
+    CRC-32s: torch.load checks none, so a flipped bit inside a tensor would load. That reads the whole file (a few
+    GB/s); without crc only the zip's directory is read. Legacy files, and zips saved with CRCs off, have none."""
     damaged = f"cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged"
     try:
         with open(path, "rb") as f:
@@ -890,10 +892,13 @@ def unreadable_checkpoint(path):
             archive = zipfile.ZipFile(f)
             if not any(name.endswith("data.pkl") for name in archive.namelist()):
                 return f"{damaged} (a zip archive, but not torch.save's: no data.pkl)"
-            if any(r.CRC for r in archive.infolist()):  # all 0: saved with torch's compute_crc32 off, nothing to check
-                bad = archive.testzip()
+            if crc and any(r.CRC for r in archive.infolist()):  # all 0: saved with torch's compute_crc32 off
+                try:
+                    bad = archive.testzip()  # the first record whose CRC-32 or local header does not match
+                except (zlib.error, NotImplementedError, EOFError, RuntimeError) as e:  # a header field changed:
+                    return f"{damaged} (a record's header is damaged: {first_line(e)})"  # (compression, encryption)
                 if bad:
-                    return f"{damaged} (its record {bad} fails its CRC-32 check)"
+                    return f"{damaged} (its record {bad} fails the zip's CRC-32 or header check)"
     except zipfile.BadZipFile as e:
         return f"{damaged} ({e})"
     except OSError as e:

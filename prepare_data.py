@@ -80,12 +80,7 @@ class DataError(Exception):
 
 
 # -----------------------------------------------------------------------------
-# files, folders and locks (also used by train.py, bench.py and eval.py)
-
-def plural(n, noun):
-    """'1 doc', '2,048 docs': a number and its noun, for the scripts' progress and summary lines."""
-    return f"{n:,} {noun}{'s' * (n != 1)}"
-
+# files, folders, locks and output (also used by train.py, bench.py, eval.py and sample.py)
 
 def atomic_write(path, write, tmp=None):
     """Call write(f) on a temporary file (tmp, default path + ".tmp"), then rename it to path,
@@ -100,8 +95,10 @@ def atomic_write(path, write, tmp=None):
     except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
-        if isinstance(e, OSError) and e.errno is None and e.filename is None:  # numpy's short write (a full disk)
-            e.filename, e.strerror = path, f"{e} (a short write: is the disk full?)"  # names no file and no cause
+        if isinstance(e, OSError) and e.filename is None:  # a failed write or fsync names no file
+            if e.errno is None:  # numpy's short write (a full disk) gives no cause either
+                e.strerror = f"{e} (a short write: is the disk full?)"
+            e.filename = path
         raise
 
 
@@ -177,6 +174,11 @@ def silence_stdout():
     Python's flush at exit does not fail, and print an error, a second time."""
     with contextlib.suppress(OSError, ValueError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def plural(n, noun):
+    """'1 doc', '2,048 docs': a count and its noun, for summary lines (prepare_data.py's totals, sample.py's speeds)."""
+    return f"{n:,} {noun}{'s' * (n != 1)}"
 
 
 # -----------------------------------------------------------------------------
@@ -548,9 +550,11 @@ class Source:
             pattern = os.path.expanduser(spec[len("files:"):])
             self.paths = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
             if not self.paths:
-                if os.path.isdir(pattern):  # a folder is no glob of files: say which glob would be
+                if os.path.isdir(pattern):  # a folder is no glob of files: say which glob would be, for a type it holds
+                    ext = next((e for e in (".jsonl", ".parquet", ".txt", ".md")
+                                if glob.glob(os.path.join(glob.escape(pattern), "*" + e))), ".txt")
                     raise DataError(f"{spec[len('files:'):]!r} is a folder; give a glob of its files, e.g. "
-                                    f"--source='files:{os.path.join(spec[len('files:'):], '*.txt')}'")
+                                    f"--source='files:{os.path.join(spec[len('files:'):], '*' + ext)}'")
                 raise DataError(f"no files match {spec[len('files:'):]!r}")
             bad = [p for p in self.paths if not p.endswith((".txt", ".md", ".jsonl", ".parquet"))]
             if bad:
@@ -963,7 +967,7 @@ def prepare(config, out_dir, force=False, held=None):
               f"nothing to do")
         if state.get("files") is not None:  # a files: source (a glob and stat calls, no reading)
             try:
-                now = (source or new_source()).fingerprint
+                now = new_source().fingerprint
             except DataError:  # the files are gone: the data stays as prepared
                 now = None
             if now != state["files"]:

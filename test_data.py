@@ -1,6 +1,7 @@
 """Tests for prepare_data.py: the whole pipeline on a small local corpus, plus Shakespeare.
 Run: python -m pytest -q test_data.py"""
 
+import errno
 import hashlib
 import json
 import os
@@ -488,6 +489,8 @@ def test_bad_input_is_one_line(tmp_path):
     assert "no files match" in prep("--source", "files:" + str(tmp_path / "none*.jsonl"), "--out_dir", tmp_path / "a")
     assert prep("--source", f"files:{tmp_path}", "--out_dir", tmp_path / "a") == (  # a folder: the glob to give
         f"prepare_data.py: error: '{tmp_path}' is a folder; give a glob of its files, e.g. --source='files:{tmp_path}/*.txt'")
+    (tmp_path / "rows.jsonl").write_text("")  # for the type of file it holds
+    assert prep("--source", f"files:{tmp_path}", "--out_dir", tmp_path / "a").endswith(f"--source='files:{tmp_path}/*.jsonl'")
     assert "does not apply" in prep("--val_tokens", 1000, "--out_dir", tmp_path / "a")
     with pytest.raises(pd.DataError, match=f"^no prepared data in {tmp_path / 'a'}; run `python prepare_data.py --source=... "
                                            f"--out_dir={tmp_path / 'a'}` first$"):
@@ -735,6 +738,11 @@ def test_a_short_write_names_its_file_and_leaves_no_temporary(tmp_path, monkeypa
     with pytest.raises(OSError) as e:
         pd.atomic_write(shard, full_disk)
     assert e.value.filename == shard and os.listdir(tmp_path) == []
+    def no_space(f):  # Python's own write or fsync on a full disk: an errno, no file name
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    with pytest.raises(OSError) as e:
+        pd.atomic_write(shard, no_space)
+    assert (e.value.filename, e.value.strerror) == (shard, "No space left on device") and os.listdir(tmp_path) == []
     monkeypatch.setattr(pd, "prepare", lambda *_: pd.atomic_write(shard, full_disk))  # the line prepare_data.py prints
     with pytest.raises(SystemExit) as e:
         pd.main(["--out_dir", str(tmp_path / "d")])

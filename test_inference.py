@@ -840,10 +840,11 @@ def test_the_same_preset_twice_saves_nothing():
 
 
 def test_a_plot_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    import matplotlib.figure
     png = str(tmp_path / "fig5a.png")
-    def full_disk(path):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-    monkeypatch.setattr(bench, "fig5a", full_disk)
+    def full_disk(fig, f, **kw):  # a write on a full disk names no file: atomic_write adds it
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full_disk)
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"type": "val", "step": 1, "tokens": 10, "val_bpb": 2.5}) + "\n")
     with pytest.raises(SystemExit) as e:  # given a metrics file, plots only
         bench.main(["--plot", "--plot_dir", str(tmp_path), str(tmp_path / "metrics.jsonl")])

@@ -16,7 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from torch.utils.serialization import config as serialization_config
 
 from bench import CPU_SDPA_FLOPS  # SDPA's CPU kernel for the counter; backward = 2 x forward, nanochat's count
-from conftest import finish, flip_tensor_byte
+from conftest import finish, flip_tensor_byte, set_compression_method
 from model import GPT, GPTConfig, KVCache, SIZES, TORCH_LEGACY_MAGIC, VARIANTS
 
 # A tiny model that still has sliding windows: block 256 gives S windows of 128 tokens.
@@ -783,8 +783,14 @@ def test_checkpoint_round_trip(tmp_path):
     record = flip_tensor_byte(path)  # torch.load would take it, one weight changed
     assert torch.load(str(path), weights_only=True)["model"].keys() == torch.load(io.BytesIO(good), weights_only=True)["model"].keys()
     with pytest.raises(ValueError, match=f"^cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged "
-                                         f"\\(its record {record} fails its CRC-32 check\\)$"):
+                                         f"\\(its record {record} fails the zip's CRC-32 or header check\\)$"):
         GPT.from_checkpoint(str(path))
+    for method in (8, 99):  # a header's bits changed: deflate (zlib fails), or a method zipfile does not know
+        path.write_bytes(good)
+        set_compression_method(path, method)
+        with pytest.raises(ValueError, match=f"^cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged "
+                                             r"\(a record's header is damaged: .+\)$"):
+            GPT.from_checkpoint(str(path))
     with serialization_config.patch({"save.compute_crc32": False}):  # a writer that skips CRC-32s writes 0s: nothing to check
         torch.save(torch.load(io.BytesIO(good), weights_only=True), str(path))
     assert not any(r.CRC for r in zipfile.ZipFile(path).infolist())

@@ -523,22 +523,27 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     assert "unknown variant" in error([*base, "--variant=bovv"])
     assert "give one budget" in error([*base, "--target_flops=1e12"])
     assert "no prepared data" in error([*TINY, "--data_dir=/nonexistent", "--max_iters=2"])
-    assert error([*TINY, f"--data_dir={data_dir}/meta.json", "--max_iters=2"]) == (
-        f"{data_dir}/meta.json is a file; the data is a folder that prepare_data.py writes (--data_dir)")
+    for dry in ([], ["--dry_run"]):
+        assert error([*TINY, f"--data_dir={data_dir}/meta.json", "--max_iters=2", *dry]) == (
+            f"{data_dir}/meta.json is a file; the data is a folder that prepare_data.py writes (--data_dir)")
     nested = tmp_path / "new" / "deep" / "run"  # a folder that a failed run made goes again, parents included
     assert "--resume: no checkpoint" in error([*TINY, f"--data_dir={data_dir}", f"--out_dir={nested}", "--max_iters=2", "--resume"])
     assert not (tmp_path / "new").exists()
     assert "larger than the data's uint16" in error([*base, "--vocab_size=70000"])
     assert "smaller than the data's vocabulary (" in error([*base, "--vocab_size=100"])
     assert error([*base, "--vocab_size=100", "--dry_run"]) == error([*base, "--vocab_size=100"])  # the plan checks it too
-    assert "larger than the data's uint16" in error([*base, "--vocab_size=70000", "--dry_run"])
+    assert error([*base, "--vocab_size=70000", "--dry_run"]) == error([*base, "--vocab_size=70000"]) == \
+        "vocab_size 70000 is larger than the data's uint16 ids can hold"
     assert "layer 0 produces V1" in error([*base, "--variant=svformer", "--bov_layers=0,1"])
     assert "bov_layers must be 'last_third', 'every_other', 'all', 'none' or a list of layer indices, got 'last_2'" \
         in error([*base, "--bov_layers=last_2"])
     assert "--variant=baseline has no target layers; --bov_layers would train a value variant under its name" \
         in error([*base, "--variant=baseline", "--bov_layers=1"])
-    assert error([*base, "--variant=bov", "--bov_layers=none"]) == ("--variant=bov with --bov_layers=none is standard "
-                                                                   "attention under a value variant's name: train it as --variant=baseline")
+    assert error([*base, "--variant=bov", "--bov_layers=none"]) == (
+        "--variant=bov has no target layers here (bov_layers='none' at n_layer=2), so it is standard attention under a "
+        "value variant's name: train it as --variant=baseline")
+    assert error([*base, "--variant=svformer", "--n_layer=1"]).startswith(  # "all" from layer 1: none at one layer
+        "--variant=svformer has no target layers here (bov_layers='all' at n_layer=1), so it is standard attention")
     assert "--device_batch_size must be positive" in error([*base, "--device_batch_size=0"])
     assert "--dtype must be one of" in error([*base, "--dtype=fp8"])
     assert "--compile must be one of" in error([*base, "--compile=maybe"])
@@ -565,6 +570,11 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     assert "different model" in error([*base, "--resume", "--n_layer=3"])   # another config
     assert error([*base, "--resume", "--variant=baseline"]) == (f"--resume: {ckpt} is a --size=cpu --variant=bov run, this "
                                                                f"one --size=cpu --variant=baseline; use the same, or another --out_dir")
+    renamed = torch.load(io.BytesIO(before), weights_only=True)  # the same model under another preset's name (baseline
+    renamed["train_config"]["variant"] = "t1_r02"                   # and t1_r01, say) resumes: the model decides
+    torch.save(renamed, ckpt)
+    train.main([*base, "--resume"])  # (finished already: no step)
+    open(ckpt, "wb").write(before)
     assert error([*base, "--resume", "--seed=4"]).endswith("other settings (seed=3 there, 4 here); use the same ones (--seed=3)")
     assert error([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--target_flops=1e7", "--resume"]).endswith(
         "other settings (target_flops=0 there, 1e+07 here, max_iters=2 there, 0 here); use the same ones (--max_iters=2) "
@@ -578,7 +588,7 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
                                           f"or damaged (not a complete zip archive)")
     open(ckpt, "wb").write(before)
     record = flip_tensor_byte(Path(ckpt))                                   # one bit changed since the save
-    assert error([*base, "--resume"]).endswith(f"damaged (its record {record} fails its CRC-32 check)")
+    assert error([*base, "--resume"]).endswith(f"damaged (its record {record} fails the zip's CRC-32 or header check)")
     open(ckpt, "wb").write(before)
     damaged = torch.load(ckpt, weights_only=True)
     del damaged["model"]["wte.weight"]

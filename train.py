@@ -154,7 +154,8 @@ def _check_type(key, value, like, where):
     else:
         ok = True
     if not ok:
-        raise ConfigError(f"{key} = {value!r} in {where}: expected {type(like).__name__}")  # (a model field's default is no size's)
+        # no default quoted: a size's recipe (SIZE_DEFAULTS) or preset (model.SIZES) may set another than `like`
+        raise ConfigError(f"{key} = {value!r} in {where}: expected {type(like).__name__}")
     return value
 
 
@@ -486,11 +487,11 @@ def load_resume(path, s, model_config, tok_sha, data_counts):
             raise ConfigError(f"--resume: {path} is damaged ({key!r} is a {type(ckpt[key]).__name__}, not a {kind.__name__})")
     if not all(isinstance(m, dict) and {"type", "step"} <= set(m) for m in ckpt["metrics"]):
         raise ConfigError(f"--resume: {path} is damaged (its metrics are not train.py's records)")
+    saved, now = ckpt["model_config"], asdict(model_config)
     preset = {k: ckpt["train_config"].get(k) for k in ("size", "variant")}
-    if preset != {k: s[k] for k in preset}:  # said before the fields that follow from it
+    if saved != now and preset != {k: s[k] for k in preset}:  # another preset: named, not the fields it sets
         raise ConfigError(f"--resume: {path} is a --size={preset['size']} --variant={preset['variant']} run, this one "
                           f"--size={s['size']} --variant={s['variant']}; use the same, or another --out_dir")
-    saved, now = ckpt["model_config"], asdict(model_config)
     if saved != now:
         diff = ", ".join(f"{k}={saved.get(k)!r} there, {now.get(k)!r} here" for k in now if saved.get(k) != now[k])
         raise ConfigError(f"--resume: {path} is a different model ({diff}); use the same settings or another --out_dir")
@@ -657,7 +658,8 @@ def plan(s, model_overrides, world, log):
     Needs only the model's shapes (a meta-device model) and of the data only meta.json; meta is None
     for a dry run without the data."""
     meta = None
-    if not s["dry_run"] or os.path.exists(os.path.join(s["data_dir"], "meta.json")):  # the dry run too, when the data is there
+    if not s["dry_run"] or os.path.exists(os.path.join(s["data_dir"], "meta.json")) or os.path.isfile(s["data_dir"]):
+        # the dry run too when the data is there (or --data_dir is a file: load_meta says so)
         meta = load_meta(s["data_dir"])
         model_overrides.setdefault("vocab_size", meta["vocab_size"])  # the model's vocabulary is the data's unless given
     try:
@@ -672,12 +674,15 @@ def plan(s, model_overrides, world, log):
             raise ConfigError(f"vocab_size {model_config.vocab_size} is smaller than the data's vocabulary ({meta['vocab_size']})")
         if model_config.vocab_size > np.iinfo(np.dtype(meta["dtype"])).max + 1:
             raise ConfigError(f"vocab_size {model_config.vocab_size} is larger than the data's {meta['dtype']} ids can hold")
-    standard = not VARIANTS[s["variant"]]  # no overrides: standard attention (baseline, t1_r01)
-    if standard != (not model_config.target_layers()):  # its name (and out_dir) would say otherwise
+    # a run's name (and out_dir) says whether it is standard attention: the settings must not contradict it
+    standard, targets = not VARIANTS[s["variant"]], model_config.target_layers()  # standard: baseline, t1_r01
+    if standard and targets:
         raise ConfigError(f"--variant={s['variant']} has no target layers; --bov_layers would train a value variant under "
-                          f"its name: start from one that has them, e.g. --variant=bov --bov_layers=..." if standard else
-                          f"--variant={s['variant']} with --bov_layers=none is standard attention under a value variant's "
-                          f"name: train it as --variant=baseline")
+                          f"its name: start from one that has them, e.g. --variant=bov --bov_layers=...")
+    if not standard and not targets:  # --bov_layers=none, or a depth where the variant's layers are none
+        raise ConfigError(f"--variant={s['variant']} has no target layers here (bov_layers={model_config.bov_layers!r} at "
+                          f"n_layer={model_config.n_layer}), so it is standard attention under a value variant's name: "
+                          f"train it as --variant=baseline")
     shapes = GPT.meta(model_config)
     flops_per_token = shapes.estimate_flops()
     counts = shapes.num_params()
