@@ -25,7 +25,6 @@ import re
 import signal
 import sys
 import zipfile
-import zlib
 from dataclasses import asdict, dataclass, field, fields
 
 if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
@@ -893,16 +892,17 @@ def unreadable_checkpoint(path, crc=True):
             if not any(name.endswith("data.pkl") for name in archive.namelist()):
                 return f"{damaged} (a zip archive, but not torch.save's: no data.pkl)"
             if crc and any(r.CRC for r in archive.infolist()):  # all 0: saved with torch's compute_crc32 off
-                try:
-                    bad = archive.testzip()  # the first record whose CRC-32 or local header does not match
-                except (zlib.error, NotImplementedError, EOFError, RuntimeError) as e:  # a header field changed:
-                    return f"{damaged} (a record's header is damaged: {first_line(e)})"  # (compression, encryption)
+                bad = archive.testzip()  # the first record whose CRC-32 or local header does not match
                 if bad:
                     return f"{damaged} (its record {bad} fails the zip's CRC-32 or header check)"
     except zipfile.BadZipFile as e:
         return f"{damaged} ({e})"
     except OSError as e:
+        if e.errno is None:  # from a decompressor (bz2) that a damaged header's method chose, not from the disk
+            return f"{damaged} ({first_line(e)})"
         return f"cannot read checkpoint {path}: {e.strerror or e}"
+    except Exception as e:  # a damaged directory or header: zlib, lzma, an unknown method, a name that is not UTF-8
+        return f"{damaged} ({type(e).__name__}: {first_line(e)})"
     return None
 
 

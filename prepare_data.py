@@ -551,10 +551,12 @@ class Source:
             self.paths = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
             if not self.paths:
                 if os.path.isdir(pattern):  # a folder is no glob of files: say which glob would be, for a type it holds
-                    ext = next((e for e in (".jsonl", ".parquet", ".txt", ".md")
-                                if glob.glob(os.path.join(glob.escape(pattern), "*" + e))), ".txt")
+                    folder = glob.escape(spec[len("files:"):])
+                    types = ("*.jsonl", "*.parquet", "*.txt", "*.md")  # in the folder itself first, then below it
+                    hint = next((g for g in types + tuple("**/" + t for t in types)
+                                 if glob.glob(os.path.join(glob.escape(pattern), g), recursive=True)), "*.txt")
                     raise DataError(f"{spec[len('files:'):]!r} is a folder; give a glob of its files, e.g. "
-                                    f"--source='files:{os.path.join(spec[len('files:'):], '*' + ext)}'")
+                                    f"--source='files:{os.path.join(folder, hint)}'")
                 raise DataError(f"no files match {spec[len('files:'):]!r}")
             bad = [p for p in self.paths if not p.endswith((".txt", ".md", ".jsonl", ".parquet"))]
             if bad:

@@ -2,6 +2,7 @@
 Run: python -m pytest -q test_data.py"""
 
 import errno
+import glob
 import hashlib
 import json
 import os
@@ -489,8 +490,11 @@ def test_bad_input_is_one_line(tmp_path):
     assert "no files match" in prep("--source", "files:" + str(tmp_path / "none*.jsonl"), "--out_dir", tmp_path / "a")
     assert prep("--source", f"files:{tmp_path}", "--out_dir", tmp_path / "a") == (  # a folder: the glob to give
         f"prepare_data.py: error: '{tmp_path}' is a folder; give a glob of its files, e.g. --source='files:{tmp_path}/*.txt'")
-    (tmp_path / "rows.jsonl").write_text("")  # for the type of file it holds
-    assert prep("--source", f"files:{tmp_path}", "--out_dir", tmp_path / "a").endswith(f"--source='files:{tmp_path}/*.jsonl'")
+    odd = tmp_path / "d[1]"  # glob characters in its name: escaped in the hint; a type below it: searched for
+    (odd / "sub").mkdir(parents=True)
+    (odd / "sub" / "rows.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")
+    msg = prep("--source", f"files:{odd}", "--out_dir", tmp_path / "a")
+    assert msg.endswith(f"--source='files:{tmp_path}/d[[]1]/**/*.jsonl'") and glob.glob(f"{tmp_path}/d[[]1]/**/*.jsonl", recursive=True)
     assert "does not apply" in prep("--val_tokens", 1000, "--out_dir", tmp_path / "a")
     with pytest.raises(pd.DataError, match=f"^no prepared data in {tmp_path / 'a'}; run `python prepare_data.py --source=... "
                                            f"--out_dir={tmp_path / 'a'}` first$"):

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import eval as ev
-from conftest import finish
+from conftest import finish, flip_tensor_byte
 import prepare_data as pd
 from model import GPT, GPTConfig
 
@@ -784,6 +784,13 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit, match=rf"^eval.py: error: cannot read checkpoint {truncated}: not a checkpoint train.py "
                        r"wrote, or damaged \(not a complete zip archive\)$"):
         ev.main(["--ckpt", str(truncated), "--bundle", str(tmp_path / "nowhere")])
+    flipped = tmp_path / "flipped.pt"  # a bit changed inside a tensor: the early check reads the zip's directory only,
+    flipped.write_bytes(ckpt.read_bytes())  # so the bundle is looked for first; the CRC-32s refuse it at the load
+    record = flip_tensor_byte(flipped)
+    with pytest.raises(SystemExit, match=rf"^eval.py: error: --bundle: no folder {tmp_path / 'nowhere'};"):
+        ev.main(["--ckpt", str(flipped), "--bundle", str(tmp_path / "nowhere")])
+    with pytest.raises(SystemExit, match=rf"^eval.py: error: cannot read checkpoint {flipped}: .*\(its record {record} fails"):
+        ev.main(["--ckpt", str(flipped), "--bundle", bundle, "--tasks", "copa", "--max_per_task", "2"])
     def unreadable(*a, **k):  # as for a user who may not read it (the tests run as root, who may)
         raise PermissionError(13, "Permission denied")
     import model as model_py

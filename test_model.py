@@ -785,11 +785,18 @@ def test_checkpoint_round_trip(tmp_path):
     with pytest.raises(ValueError, match=f"^cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged "
                                          f"\\(its record {record} fails the zip's CRC-32 or header check\\)$"):
         GPT.from_checkpoint(str(path))
-    for method in (8, 99):  # a header's bits changed: deflate (zlib fails), or a method zipfile does not know
+    damaged = f"^cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged \\(.+\\)$"
+    for method in (8, 12, 14, 99):  # a header's bits changed: deflate, bzip2, lzma (each fails), or an unknown method
         path.write_bytes(good)
         set_compression_method(path, method)
-        with pytest.raises(ValueError, match=f"^cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged "
-                                             r"\(a record's header is damaged: .+\)$"):
+        with pytest.raises(ValueError, match=damaged):
+            GPT.from_checkpoint(str(path))
+    name = max(zipfile.ZipFile(io.BytesIO(good)).infolist(), key=lambda r: r.file_size).filename.encode()
+    for where in (good.find(name), good.rfind(name)):  # a record's name, not UTF-8: in its local header, in the directory
+        flipped = bytearray(good)
+        flipped[where] ^= 0x80
+        path.write_bytes(bytes(flipped))
+        with pytest.raises(ValueError, match=damaged):
             GPT.from_checkpoint(str(path))
     with serialization_config.patch({"save.compute_crc32": False}):  # a writer that skips CRC-32s writes 0s: nothing to check
         torch.save(torch.load(io.BytesIO(good), weights_only=True), str(path))

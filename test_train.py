@@ -570,6 +570,9 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     assert "different model" in error([*base, "--resume", "--n_layer=3"])   # another config
     assert error([*base, "--resume", "--variant=baseline"]) == (f"--resume: {ckpt} is a --size=cpu --variant=bov run, this "
                                                                f"one --size=cpu --variant=baseline; use the same, or another --out_dir")
+    assert error([*base, "--resume", "--size=paper_135m"]) == (  # the same model (the flags set it), another recipe
+        f"--resume: {ckpt} is a --size=cpu --variant=bov run, this one --size=paper_135m --variant=bov; use the same, or "
+        f"another --out_dir")
     renamed = torch.load(io.BytesIO(before), weights_only=True)  # the same model under another preset's name (baseline
     renamed["train_config"]["variant"] = "t1_r02"                   # and t1_r01, say) resumes: the model decides
     torch.save(renamed, ckpt)

@@ -489,7 +489,8 @@ def load_resume(path, s, model_config, tok_sha, data_counts):
         raise ConfigError(f"--resume: {path} is damaged (its metrics are not train.py's records)")
     saved, now = ckpt["model_config"], asdict(model_config)
     preset = {k: ckpt["train_config"].get(k) for k in ("size", "variant")}
-    if saved != now and preset != {k: s[k] for k in preset}:  # another preset: named, not the fields it sets
+    # another preset: named, not the fields or rates it sets; a variant of the same model (baseline, t1_r01) resumes
+    if preset["size"] != s["size"] or (saved != now and preset["variant"] != s["variant"]):
         raise ConfigError(f"--resume: {path} is a --size={preset['size']} --variant={preset['variant']} run, this one "
                           f"--size={s['size']} --variant={s['variant']}; use the same, or another --out_dir")
     if saved != now:
