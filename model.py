@@ -164,7 +164,8 @@ class GPTConfig:
             bad(f"bov_layers as a list must hold layer indices in [0, {self.n_layer}), got {spec!r}")
         targets = self.target_layers()
         if self.value_source == "v1" and 0 in targets:
-            bad("value_source 'v1' with layer 0 as a target: layer 0 produces V1 and cannot also consume it")
+            bad(f"value_source 'v1' with layer 0 as a target (bov_layers={spec!r} at n_layer={self.n_layer} gives "
+                f"{list(targets)}): layer 0 produces V1 and cannot also consume it")
         if self.value_source == "x" and self.value_mix == "add":
             bad("value_source 'x' with value_mix 'add' is V + V, a rescaled V; use 'replace' with a learned coefficient")
         if self.value_coeff == "gated" and (self.value_mix != "add" or self.value_source != "table"):
