@@ -234,7 +234,8 @@ def _shard_problem(path, dtype, expected_tokens, bos_id):
         return (f"is corrupt (header says {count} tokens of {itemsize} bytes, "
                 f"meta says {expected_tokens} of {dtype.itemsize})")
     if size != HEADER_BYTES + count * itemsize:
-        return f"is truncated ({size} bytes, expected {HEADER_BYTES + count * itemsize})"
+        return f"is {'truncated' if size < HEADER_BYTES + count * itemsize else 'too long'} ({size} bytes, expected " \
+               f"{HEADER_BYTES + count * itemsize})"
     if count and np.fromfile(path, dtype=dtype.newbyteorder("<"), count=1, offset=HEADER_BYTES)[0] != bos_id:
         return "is corrupt (does not start with the bos token)"
     return None

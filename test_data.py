@@ -823,3 +823,164 @@ def test_bos_decodes_as_its_text(corpus):
 def test_counts_read_as_english():
     """'1 doc', not '1 docs' (a one-document val split, or sample.py's empty prompt: 'prefill 1 token')."""
     assert [pd.plural(n, "doc") for n in (0, 1, 2, 2048)] == ["0 docs", "1 doc", "2 docs", "2,048 docs"]
+
+
+# from a second mutation audit of prepare_data.py: behaviours no test checked before
+
+def test_a_damaged_folder_is_refused_in_one_line(corpus, tmp_path):
+    """A damaged folder is a DataError naming the file and the way out, never a traceback (FileNotFoundError,
+    struct.error, TypeError) nor data read in spite of it: a shard missing, cut inside its header, of another
+    format version, whose header and length agree but not with meta.json, or too long; a meta.json of
+    another format or with a bad entry after good ones; a tokenizer or token_bytes.npy of another vocabulary."""
+    out = tmp_path / "d"
+    shutil.copytree(corpus[2], out)
+    meta = pd.load_meta(out)
+    shard, n = out / meta["train_shards"][0]["file"], meta["train_shards"][0]["tokens"]
+    good = shard.read_bytes()
+
+    def refused(call, message):
+        with pytest.raises(pd.DataError) as e:
+            call()
+        assert str(e.value) == message
+
+    shard.unlink()
+    refused(lambda: pd.load_tokens(out, "train"),
+            f"{shard} is missing; re-run prepare_data.py with the same arguments to rebuild it")
+    header = lambda version, count: pd.HEADER.pack(pd.MAGIC, version, 2, count)
+    for data, problem in ((good[:10], "is truncated (10 bytes, shorter than its header)"),
+                          (header(2, n) + good[24:], "has format version 2, expected 1"),
+                          (header(1, n - 5) + good[24:-10],  # a consistent shard of 5 tokens fewer
+                           f"is corrupt (header says {n - 5} tokens of 2 bytes, meta says {n} of 2)"),
+                          (good + b"\0\0", f"is too long ({len(good) + 2} bytes, expected {len(good)})")):
+        shard.write_bytes(data)
+        refused(lambda: pd.load_tokens(out, "train"),
+                f"{shard} {problem}; re-run prepare_data.py with the same arguments to rebuild it")
+    shard.write_bytes(good)
+    with pytest.raises(ValueError, match="^split must be 'train' or 'val', not 'test'$"):
+        pd.load_tokens(out, "test")
+
+    np.save(out / "token_bytes.npy", np.zeros(10, np.int32))
+    refused(lambda: pd.load_token_bytes(out), f"{out / 'token_bytes.npy'} has shape (10,) int32, expected (512,) int32; "
+                                              f"re-run prepare_data.py with --force")
+    meta_json = out / "meta.json"
+    for edit, call, message in (
+            (dict(train_shards=meta["train_shards"] + [5]), lambda: pd.load_tokens(out, "train"),
+             f"{meta_json} lists a train shard without a file name and token count; re-run prepare_data.py with --force"),
+            (dict(format=2), lambda: pd.load_tokens(out, "train"),
+             f"{meta_json} has format 2, this code reads 1; re-run prepare_data.py with --force"),
+            (dict(vocab_size=513), lambda: pd.load_tokenizer(out),
+             f"{out / 'tokenizer.json'} does not match {out}/meta.json; re-run prepare_data.py with --force")):
+        meta_json.write_text(json.dumps(dict(meta, **edit)))
+        refused(call, message)
+    meta_json.write_text(json.dumps(dict(meta, format=2)))  # a rerun refuses it too, and deletes nothing
+    before = snapshot(out)
+    assert prep("--source", "files:" + corpus[0], "--out_dir", out, *FILES_ARGS) == (
+        f"prepare_data.py: error: {out} was prepared in format 2, this code writes 1; pass --force to rebuild it")
+    assert snapshot(out) == before
+
+
+def test_an_interrupted_repair_resumes(corpus, tmp_path, monkeypatch):
+    """A rerun rebuilds a damaged val shard (val is checked as train is). A Ctrl-C during that repair leaves the
+    folder marked incomplete, not a meta.json that lists the bad shard, and the next rerun finishes the repair
+    with the tokenizer it has; so does one after a Ctrl-C while meta.json was being written (nothing is encoded
+    again). A temporary file that a killed run left is removed."""
+    pattern, _, good = corpus
+    out = tmp_path / "d"
+    shutil.copytree(good, out)
+    args = ("--source", "files:" + pattern, "--out_dir", out, *FILES_ARGS)
+    tokenizer_mtime = os.stat(out / "tokenizer.json").st_mtime_ns
+    with open(out / pd.load_meta(out)["val_shards"][0]["file"], "r+b") as f:
+        f.truncate(100)
+    (out / "train_00042.bin.tmp").write_bytes(b"half a shard")  # what a kill -9 inside atomic_write leaves
+    write_shard, write_json = pd.write_shard, pd.write_json
+
+    def ctrl_c(*_):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(pd, "write_shard", ctrl_c)
+    assert prep(*args) == 130
+    with pytest.raises(pd.DataError, match="is incomplete; re-run prepare_data.py with the same arguments to resume it$"):
+        pd.load_meta(out)
+    monkeypatch.setattr(pd, "write_shard", write_shard)
+    monkeypatch.setattr(pd, "write_json", lambda path, obj, tmp=None:
+                        ctrl_c() if path.endswith("meta.json") else write_json(path, obj, tmp))
+    assert prep(*args) == 130
+    monkeypatch.setattr(pd, "write_json", write_json)
+    calls = []
+    monkeypatch.setattr(pd, "write_shard", lambda path, tokens: (calls.append(path), write_shard(path, tokens)))
+    assert prep(*args) is None and calls == []  # only meta.json was left to write
+    assert {k: v[1] for k, v in snapshot(out).items()} == {k: v[1] for k, v in snapshot(good).items()}  # no *.tmp
+    assert os.stat(out / "tokenizer.json").st_mtime_ns == tokenizer_mtime
+    pd.load_tokens(out, "val")
+
+
+def test_a_new_folder_and_files_that_changed(tmp_path, monkeypatch):
+    """A start-over (the tokenizer files unreadable) removes the old shards: none of the old data stays beside
+    the new when there are fewer shards now. A folder being made is locked against a train.py from the first
+    shard. A resume refuses a file edited in place to the same size (its mtime tells)."""
+    pattern, _ = write_corpus(tmp_path)
+    out = tmp_path / "d"
+    assert prep("--source", "files:" + pattern, "--out_dir", out, *FILES_ARGS) is None
+    n_shards = len(pd.load_meta(out)["train_shards"])
+    (out / "token_bytes.npy").write_bytes(b"")
+    for txt in glob.glob(str(tmp_path / "corpus" / "*.txt")):  # 10 of the 48 documents
+        os.remove(txt)
+    assert prep("--source", "files:" + pattern, "--out_dir", out, *FILES_ARGS) is None
+    meta = pd.load_meta(out)
+    assert len(meta["train_shards"]) < n_shards
+    assert {f for f in os.listdir(out) if ".bin" in f} == {s["file"] for s in meta["train_shards"] + meta["val_shards"]}
+
+    new = tmp_path / "new"
+    readers = []
+
+    def first_shard(path, tokens):  # where a train.py could start reading
+        try:
+            pd.lock_folder(new, False, "busy").close()
+            readers.append("let in")
+        except pd.DataError:
+            readers.append("kept out")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(pd, "write_shard", first_shard)
+    assert prep("--source", "files:" + pattern, "--out_dir", new, *FILES_ARGS) == 130
+    assert readers == ["kept out"]
+    jsonl = tmp_path / "corpus" / "a.jsonl"
+    st, text = os.stat(jsonl), jsonl.read_bytes()
+    jsonl.write_bytes(text.replace(b'"doc 3', b'"doc 4', 1))  # one byte, in place
+    os.utime(jsonl, ns=(st.st_atime_ns, st.st_mtime_ns + 10 ** 9))
+    assert os.path.getsize(jsonl) == st.st_size
+    before = snapshot(new)
+    assert prep("--source", "files:" + pattern, "--out_dir", new, *FILES_ARGS) == (
+        f"prepare_data.py: error: the files of files:{pattern} changed since {new} was begun; resuming would mix old "
+        f"and new rows (val documents could land in train); pass --force to rebuild it")
+    assert snapshot(new) == before
+
+
+def test_what_a_preparation_counts(tmp_path, monkeypatch):
+    """--val_tokens stops val at the first document that reaches it, counting each document's bos: 60 one-letter
+    documents (2 tokens each, bos included) give exactly 10 val tokens in 5 documents. Empty documents are
+    skipped, not prepared as a lone bos. --tokenizer_chars is the exact number of characters the BPE trains on."""
+    import rustbpe
+    with open(tmp_path / "docs.jsonl", "w") as f:
+        for i in range(60):  # val candidates (even rows): one letter; training rows: 88 characters
+            f.write(json.dumps({"text": chr(97 + i % 26) if i % 2 == 0 else f"training document {i:02d}. " * 4}) + "\n")
+        for _ in range(4):
+            f.write(json.dumps({"text": ""}) + "\n")
+    seen, real = [], rustbpe.Tokenizer
+
+    class Spy:  # records what the tokenizer is trained on
+        def __init__(self):
+            self.bpe = real()
+
+        def train_from_iterator(self, texts, *a, **k):
+            texts = list(texts)
+            seen.extend(texts)
+            return self.bpe.train_from_iterator(iter(texts), *a, **k)
+
+        def get_mergeable_ranks(self):
+            return self.bpe.get_mergeable_ranks()
+    monkeypatch.setattr(rustbpe, "Tokenizer", Spy)
+    assert prep("--source", f"files:{tmp_path / 'docs.jsonl'}", "--out_dir", tmp_path / "out", "--vocab_size", 257,
+                "--val_tokens", 10, "--tokenizer_chars", 1000) is None
+    meta = pd.load_meta(tmp_path / "out")
+    assert (meta["val_tokens"], meta["val_docs"]) == (10, 5)
+    assert meta["train_docs"] + meta["val_docs"] == 60
+    assert sum(map(len, seen)) == 1000
