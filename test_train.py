@@ -89,11 +89,14 @@ def test_dry_run_takes_the_vocabulary_the_real_run_would(data_dir, capsys):
 
 
 def test_a_run_past_one_epoch_is_warned_of_in_the_dry_run_too(data_dir, capsys):
+    """Any run past one epoch, not only one past two (mutant P3: the warning only past 2x)."""
     train_tokens = json.load(open(os.path.join(data_dir, "meta.json")))["train_tokens"]
-    iters = 3 * train_tokens // 128 + 1  # TINY's 128 tokens a step: just over 3 epochs
-    train.main([*TINY, f"--data_dir={data_dir}", f"--max_iters={iters}", "--dry_run"])
-    out = capsys.readouterr().out
-    assert f"WARNING: this run would read about {iters * 128 / train_tokens:.2f} epochs of {data_dir} ({train_tokens:,} train tokens)" in out
+    for epochs in (1, 3):
+        iters = epochs * train_tokens // 128 + 1  # TINY's 128 tokens a step: just over 1 (3) epochs
+        train.main([*TINY, f"--data_dir={data_dir}", f"--max_iters={iters}", "--dry_run"])
+        out = capsys.readouterr().out
+        assert f"WARNING: this run would read about {iters * 128 / train_tokens:.2f} epochs of {data_dir} ({train_tokens:,} train tokens)" in out
+        assert f"would read about {epochs}." in out
 
 
 def test_whole_numbers_are_read_in_any_notation():
@@ -101,6 +104,13 @@ def test_whole_numbers_are_read_in_any_notation():
     for text, value in (("5", 5), ("5.0", 5), ("5e0", 5), ("2e9", 2_000_000_000), ("+7", 7), ("-2", -2),
                         ("123456789012345678901", 123456789012345678901), ("9" * 400, int("9" * 400))):
         assert train._parse_value("max_iters", text, 1) == value, text
+
+
+def test_true_false_settings_take_on_off_yes_no():
+    """--dry_run=on / off, as a shell user writes them (mutant S1: "on" refused as not true/false)."""
+    for text, value in (("on", True), ("ON", True), ("yes", True), ("1", True), ("true", True),
+                        ("off", False), ("no", False), ("0", False), ("False", False)):
+        assert train._parse_value("dry_run", text, False) is value, text
 
 
 def test_nanogpts_names_are_answered_and_a_config_files_unknown_names_all_listed(tmp_path):
@@ -148,6 +158,11 @@ def test_a_later_config_files_budget_replaces_an_earlier_ones(tmp_path):
     short.write_text("max_iters = 20\ntarget_tokens = 1e6\n")
     with pytest.raises(train.ConfigError, match="give one budget, not target_tokens and max_iters"):
         train.resolve_settings([paper, str(short)])
+    # a budget on the command line before the file, or before another flag, still wins over the file's (mutants S5:
+    # the file's budget dropping the command line's, so the size's 1.5e18 comes back; S18: only the last argument read)
+    for argv in (["--max_iters=5", paper], [paper, "--max_iters=5", "--seed=1"]):
+        s, _ = train.resolve_settings(argv)
+        assert (s["max_iters"], s["target_flops"]) == (5, 0), argv
 
 
 def test_gpu_rng_states_of_a_run_with_more_gpus_restore_on_fewer(monkeypatch):
@@ -194,11 +209,25 @@ def test_the_780m_recipe_gives_table_6_rates():
     assert round(muon.param_groups[0]["lr"], 4) == 0.0283 and muon.param_groups[0]["weight_decay"] == 0.0597
 
 
+def test_the_135m_recipe_gives_table_6_rates():
+    """The paper's 135M run: Table 6's rates at width 768 (no scaling) and Muon's weight decay 0.28 (mutant S13: 0.2)."""
+    s, _ = train.resolve_settings(["--size=paper_135m", "--variant=bov"])
+    model = GPT.meta(GPTConfig.preset("paper_135m", "bov"))
+    muon, adamw = model.configure_optimizers(s["matrix_lr"], s["embedding_lr"], s["unembedding_lr"],
+                                             s["scalar_lr"], s["table_lr"], s["weight_decay"])
+    lrs = {g["name"]: round(g["lr"], 4) for g in adamw.param_groups}
+    assert lrs == {"embedding": 0.30, "lm_head": 0.008, "tables": 0.15, "scalars": 0.5}
+    assert round(muon.param_groups[0]["lr"], 4) == 0.02 and muon.param_groups[0]["weight_decay"] == 0.28
+    assert (s["target_flops"], s["total_batch_tokens"], s["device_batch_size"]) == (1.5e18, 2**19, 16)
+
+
 def test_lr_schedule():
     f = lambda step: train.lr_multiplier(step, 100, 40, 0.35, 0.05)
     assert f(0) == 1 / 40 and f(39) == 1.0 and f(64) == 1.0
     assert f(65) == pytest.approx(1.0) and f(100) == pytest.approx(0.05)
     assert f(82) == pytest.approx(0.05 + 0.95 * 18 / 35)
+    # a warmdown of 0.35 x 10 = 3.5 steps is 4 (rounded, not cut to 3): step 7 is a quarter into it (mutant L1)
+    assert train.lr_multiplier(7, 10, 0, 0.35, 0.05) == pytest.approx(0.7625)
 
 
 # ---------------------------------------------------------------------------- the loader
@@ -247,13 +276,22 @@ def test_the_loader_crosses_into_the_next_epoch_row_for_row():
     for epoch in (0, 1):
         ptr, segs = ref.plan(epoch)
         want += [np.concatenate([ref.read(s, n) for s, n in segs[ptr[r]:ptr[r + 1]]]) for r in range(len(ptr) - 1)]
-    got = loader.next_rows(len(want))
+    got = loader.next_rows(len(want) - 3)
     assert all(np.array_equal(g[:len(w)], w) and (g[len(w):] == -1).all() for g, w in zip(got, want))
+    # a resume in the second epoch goes on in it (mutant B1: load_state leaves the epoch at 0)
+    resumed = train.Batches([np.concatenate(docs)], bos, T, seed=0)
+    resumed.load_state(loader.state())
+    assert resumed.epoch == loader.epoch == 1 and np.array_equal(resumed.next_rows(3), loader.next_rows(3))
+    # every epoch is shuffled anew, the third too (mutant B4: the rng seeded by min(epoch, 1))
+    assert not np.array_equal(ref.plan(2)[1], ref.plan(1)[1])
 
 
 def test_validation_rows_score_every_token_once():
+    """Over every val shard (mutant V5: the first only), and --eval_tokens of one row is one row (V2: refused)."""
     rows = train.val_rows([np.arange(100)], 8, 64)
     assert np.array_equal(rows[:, 1:].ravel(), np.arange(1, 65))
+    assert np.array_equal(train.val_rows([np.arange(40), np.arange(40, 100)], 8, 64), rows)
+    assert np.array_equal(train.val_rows([np.arange(100)], 8, 8), [np.arange(9)])
 
 
 def test_bits_per_byte_against_the_formula():
@@ -1106,8 +1144,9 @@ def test_a_failed_save_or_damaged_data_is_one_line(data_dir, tmp_path, monkeypat
     damaged = tmp_path / "data"
     shutil.copytree(data_dir, damaged)
     train_shard = next(f for f in sorted(os.listdir(damaged)) if f.startswith("train_"))
-    np.memmap(damaged / train_shard, dtype=np.uint16, mode="r+", offset=24)[1::7] = 299 + 1000  # all through the shard, so the first batch meets one
-    with pytest.raises(train.DataError, match=r"the train data in .* holds token id 1299, outside the model's vocabulary of 300"):
+    # all through the shard, so the first batch meets one; 300, the first id past the vocabulary (mutant M4: `>`)
+    np.memmap(damaged / train_shard, dtype=np.uint16, mode="r+", offset=24)[1::7] = 300
+    with pytest.raises(train.DataError, match=r"the train data in .* holds token id 300, outside the model's vocabulary of 300"):
         train.main([*TINY, f"--data_dir={damaged}", f"--out_dir={tmp_path / 'run2'}", "--max_iters=2"])
 
 
@@ -1142,7 +1181,11 @@ def test_table_lr_and_weight_decay_reach_the_optimizers_and_bind_a_resume(data_d
     assert len(tables) == 1 and tables[0]["initial_lr"] == pytest.approx(0.05 * (32 / 768) ** -0.5)
     assert muon[0]["weight_decay"] == 0.1
     for flag, expected in (("--table_lr=0.06", "table_lr=0.05 there, 0.06 here"),
-                           ("--weight_decay=0.2", "weight_decay=0.1 there, 0.2 here")):
+                           ("--weight_decay=0.2", "weight_decay=0.1 there, 0.2 here"),
+                           # the schedule and the batch too (mutants R1, R2, R3)
+                           ("--total_batch_tokens=256", "total_batch_tokens=128 there, 256 here"),
+                           ("--warmup_iters=1", "warmup_iters=2 there, 1 here"),
+                           ("--final_lr_frac=0.1", "final_lr_frac=0.05 there, 0.1 here")):
         with pytest.raises(train.ConfigError, match=re.escape(expected)):
             train.main([*base, "--table_lr=0.05", "--weight_decay=0.1", flag, "--resume"])
 
@@ -1175,6 +1218,7 @@ def test_a_run_applies_the_schedule_to_every_optimizer_and_logs_tokens_and_flops
     want = lambda step: train.lr_multiplier(step, iters, warmup, 0.35, 0.05)  # TINY: warmup 2, default warmdown
     logged = records(str(out), "train")
     assert [r["step"] for r in logged] == [2, 4, 6, 7]
+    assert all(r["tokens"] == r["step"] * 128 for r in logged)  # M6: a train record's tokens from the device batch
     assert all(r["lrm"] == pytest.approx(want(r["step"] - 1)) for r in logged)  # record `step` follows the step it logs
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)
     groups = [g for opt in ckpt["optimizers"] for g in opt["param_groups"]]
@@ -1315,3 +1359,51 @@ def test_rows_are_shuffled_not_served_in_packing_order():
     first = segs[ptr[:-1]]
     consecutive = sum(1 for a, b in zip(first, first[1:]) if b[0] == a[0] + T)
     assert consecutive < 0.05 * len(first)
+
+
+# ---------------------------------------------------------------------------- from a second mutation audit of train.py
+
+def test_settings_at_their_limits_are_taken_and_past_them_refused():
+    """S8, S9 (--eval_interval=0, --log_interval=0 accepted: a modulo by zero mid-run), S14 (--warmup_iters=-1
+    accepted), S10 (a fraction of exactly 1 refused), S17 (the default out_dir without the variant: a baseline
+    and a BoV run would share out/cpu)."""
+    def error(args):
+        with pytest.raises(train.ConfigError) as e:
+            train.resolve_settings(args)
+        return str(e.value)
+
+    assert error(["--eval_interval=0"]) == "--eval_interval must be positive, got 0"
+    assert error(["--log_interval=0"]) == "--log_interval must be positive, got 0"
+    assert error(["--warmup_iters=-1"]) == "--warmup_iters must not be negative, got -1"
+    s, _ = train.resolve_settings(["--final_lr_frac=1", "--warmdown_frac=1"])  # no decay; a run that is all warmdown
+    assert (s["final_lr_frac"], s["warmdown_frac"]) == (1.0, 1.0)
+    assert train.resolve_settings(["--variant=baseline"])[0]["out_dir"] == os.path.join("out", "cpu_baseline")
+
+
+def test_a_config_files_values_are_typed_as_the_settings(tmp_path):
+    """S2 (a whole float left a float: 4.096e3 tokens a step printed and saved as 4096.0), S3 (dry_run = 1 taken
+    for a bool), S19 (a config file's private name, _x, refused as an unknown setting)."""
+    config = tmp_path / "c.py"
+    config.write_text("total_batch_tokens = 4.096e3\n")
+    s, _ = train.resolve_settings([str(config)])
+    assert type(s["total_batch_tokens"]) is int and s["total_batch_tokens"] == 4096
+    config.write_text("dry_run = 1\n")
+    with pytest.raises(train.ConfigError, match=f"^dry_run = 1 in config file {re.escape(str(config))}: expected bool$"):
+        train.resolve_settings([str(config)])
+    config.write_text("_x = 1\nmax_iters = 3\n")  # a helper name the file uses for itself
+    assert train.resolve_settings([str(config)])[0]["max_iters"] == 3
+
+
+def test_the_plan_checks_the_vocabulary_and_the_batch_split_exactly(data_dir, capsys):
+    """P1 (65536, all a uint16 id can name, refused), P7 (a vocabulary one short of the data's accepted: its last
+    id would index past the embedding), P2 (the batch split checked for one rank only: under torchrun 2 ranks,
+    128 tokens a step cannot be 4 rows of 32 on each)."""
+    dry = [*TINY, f"--data_dir={data_dir}", "--max_iters=2", "--dry_run"]
+    train.main([*dry, "--vocab_size=65536"])
+    assert '"vocab_size": 65536' in capsys.readouterr().out
+    with pytest.raises(train.ConfigError, match=r"^vocab_size 299 is smaller than the data's vocabulary \(300\)$"):
+        train.main([*dry, "--vocab_size=299"])
+    s, overrides = train.resolve_settings(dry)
+    with pytest.raises(train.ConfigError, match=r"^total_batch_tokens 128 is not a multiple of device_batch_size x "
+                                                r"block_size x ranks = 4 x 32 x 2; e.g. --device_batch_size=2$"):
+        train.plan(s, overrides, 2, lambda *a: None)
