@@ -132,12 +132,10 @@ def test_documents_bos_and_disjoint_split(corpus):
     assert BOS_TEXT_DOC in got["train"] + got["val"]
 
 
-def test_tokenizer_never_sees_validation_text(tmp_path, monkeypatch):
+def spy_on_bpe(monkeypatch):
+    """The list that fills with the texts rustbpe's trainer is given (it still trains on them)."""
     import rustbpe
-    pattern, docs = write_corpus(tmp_path)
-    seen = []
-
-    real = rustbpe.Tokenizer
+    seen, real = [], rustbpe.Tokenizer
 
     class Spy:  # records what the tokenizer is trained on
         def __init__(self):
@@ -151,6 +149,12 @@ def test_tokenizer_never_sees_validation_text(tmp_path, monkeypatch):
         def get_mergeable_ranks(self):
             return self.bpe.get_mergeable_ranks()
     monkeypatch.setattr(rustbpe, "Tokenizer", Spy)
+    return seen
+
+
+def test_tokenizer_never_sees_validation_text(tmp_path, monkeypatch):
+    pattern, docs = write_corpus(tmp_path)
+    seen = spy_on_bpe(monkeypatch)
     out = tmp_path / "s"
     assert prep("--source", "files:" + pattern, "--out_dir", out, *FILES_ARGS) is None
     tok = pd.load_tokenizer(out)
@@ -958,26 +962,12 @@ def test_what_a_preparation_counts(tmp_path, monkeypatch):
     """--val_tokens stops val at the first document that reaches it, counting each document's bos: 60 one-letter
     documents (2 tokens each, bos included) give exactly 10 val tokens in 5 documents. Empty documents are
     skipped, not prepared as a lone bos. --tokenizer_chars is the exact number of characters the BPE trains on."""
-    import rustbpe
     with open(tmp_path / "docs.jsonl", "w") as f:
         for i in range(60):  # val candidates (even rows): one letter; training rows: 88 characters
             f.write(json.dumps({"text": chr(97 + i % 26) if i % 2 == 0 else f"training document {i:02d}. " * 4}) + "\n")
         for _ in range(4):
             f.write(json.dumps({"text": ""}) + "\n")
-    seen, real = [], rustbpe.Tokenizer
-
-    class Spy:  # records what the tokenizer is trained on
-        def __init__(self):
-            self.bpe = real()
-
-        def train_from_iterator(self, texts, *a, **k):
-            texts = list(texts)
-            seen.extend(texts)
-            return self.bpe.train_from_iterator(iter(texts), *a, **k)
-
-        def get_mergeable_ranks(self):
-            return self.bpe.get_mergeable_ranks()
-    monkeypatch.setattr(rustbpe, "Tokenizer", Spy)
+    seen = spy_on_bpe(monkeypatch)
     assert prep("--source", f"files:{tmp_path / 'docs.jsonl'}", "--out_dir", tmp_path / "out", "--vocab_size", 257,
                 "--val_tokens", 10, "--tokenizer_chars", 1000) is None
     meta = pd.load_meta(tmp_path / "out")

@@ -199,26 +199,20 @@ def test_the_papers_data_holds_every_run_in_one_epoch():
         assert train.plan_iterations(s, GPT.meta(GPTConfig.preset("paper_780m", v)).estimate_flops()) * 2**20 < 8.5e9
 
 
-def test_the_780m_recipe_gives_table_6_rates():
-    s, _ = train.resolve_settings(["--size=paper_780m", "--variant=bov"])
-    model = GPT.meta(GPTConfig.preset("paper_780m", "bov"))
-    muon, adamw = model.configure_optimizers(s["matrix_lr"], s["embedding_lr"], s["unembedding_lr"],
-                                             s["scalar_lr"], s["table_lr"], s["weight_decay"])
-    lrs = {g["name"]: round(g["lr"], 4) for g in adamw.param_groups}
-    assert lrs == {"embedding": 0.30, "lm_head": 0.008, "tables": 0.15, "scalars": 0.7071}
-    assert round(muon.param_groups[0]["lr"], 4) == 0.0283 and muon.param_groups[0]["weight_decay"] == 0.0597
-
-
-def test_the_135m_recipe_gives_table_6_rates():
-    """The paper's 135M run: Table 6's rates at width 768 (no scaling) and Muon's weight decay 0.28 (mutant S13: 0.2)."""
-    s, _ = train.resolve_settings(["--size=paper_135m", "--variant=bov"])
-    model = GPT.meta(GPTConfig.preset("paper_135m", "bov"))
-    muon, adamw = model.configure_optimizers(s["matrix_lr"], s["embedding_lr"], s["unembedding_lr"],
-                                             s["scalar_lr"], s["table_lr"], s["weight_decay"])
-    lrs = {g["name"]: round(g["lr"], 4) for g in adamw.param_groups}
-    assert lrs == {"embedding": 0.30, "lm_head": 0.008, "tables": 0.15, "scalars": 0.5}
-    assert round(muon.param_groups[0]["lr"], 4) == 0.02 and muon.param_groups[0]["weight_decay"] == 0.28
-    assert (s["target_flops"], s["total_batch_tokens"], s["device_batch_size"]) == (1.5e18, 2**19, 16)
+@pytest.mark.parametrize("size, rates, muon, budget", [
+    # the 135M run: Table 6's rates at width 768 (no scaling), Muon's weight decay 0.28
+    ("paper_135m", {"embedding": 0.30, "lm_head": 0.008, "tables": 0.15, "scalars": 0.5}, (0.02, 0.28), (1.5e18, 2**19, 16)),
+    # the 780M run: its AdamW rates scaled by (1536/768)^-0.5 back to Table 6's, the scalars' to 0.7071
+    ("paper_780m", {"embedding": 0.30, "lm_head": 0.008, "tables": 0.15, "scalars": 0.7071}, (0.0283, 0.0597), (3.91e19, 2**20, 4)),
+])
+def test_the_paper_recipes_give_table_6_rates(size, rates, muon, budget):
+    s, _ = train.resolve_settings([f"--size={size}", "--variant=bov"])
+    model = GPT.meta(GPTConfig.preset(size, "bov"))
+    muon_opt, adamw = model.configure_optimizers(s["matrix_lr"], s["embedding_lr"], s["unembedding_lr"],
+                                                 s["scalar_lr"], s["table_lr"], s["weight_decay"])
+    assert {g["name"]: round(g["lr"], 4) for g in adamw.param_groups} == rates
+    assert (round(muon_opt.param_groups[0]["lr"], 4), muon_opt.param_groups[0]["weight_decay"]) == muon
+    assert (s["target_flops"], s["total_batch_tokens"], s["device_batch_size"]) == budget
 
 
 def test_lr_schedule():
