@@ -38,6 +38,7 @@ size trains at 256), so its sliding windows are a quarter of that, rounded up to
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -48,7 +49,7 @@ import statistics
 import sys
 import time
 import weakref
-from dataclasses import replace
+from dataclasses import fields, replace
 
 if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
@@ -613,11 +614,13 @@ def report(r):
 # -----------------------------------------------------------------------------
 
 VARIANT_FIELDS = sorted({k for spec in VARIANTS.values() for k in spec})  # what --variants sets, not --config
+FIELD_DEFAULTS = {f.name: f.default for f in fields(GPTConfig)}  # GPTConfig's defaults: their types read --config
 
 
 def parse_overrides(text):
-    """'n_embd=48,n_head=4,vocab_size=97' -> {'n_embd': 48, 'n_head': 4, 'vocab_size': 97} (ints, true/false, else
-    strings): the size both presets share. A variant's own fields would make A and B alike, so they are refused."""
+    """'n_embd=48,n_head=4,vocab_size=97' -> {'n_embd': 48, 'n_head': 4, 'vocab_size': 97} (ints, as train.py reads
+    them, 1e3 too, for GPTConfig's int fields; true/false; else strings): the size both presets share. A variant's own
+    fields would make A and B alike, so they are refused."""
     out = {}
     for item in filter(None, (t.strip() for t in (text or "").split(","))):
         key, eq, value = item.partition("=")
@@ -630,6 +633,9 @@ def parse_overrides(text):
         value = value.strip()
         bools = {"true": True, "false": False}
         out[key] = int(value) if re.fullmatch(r"[+-]?\d+", value) else bools.get(value.lower(), value)
+        if isinstance(out[key], str) and type(FIELD_DEFAULTS.get(key)) is int:  # 1e3, 2.0: whole numbers; 2.5 stays text
+            with contextlib.suppress(ValueError, OverflowError):
+                out[key] = int(float(value)) if float(value).is_integer() else value
     return out
 
 

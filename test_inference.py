@@ -583,6 +583,8 @@ def test_bench_config_overrides_and_quartiles():
     with pytest.raises(bench.BenchError, match="key=value pairs separated by commas, got '5'"):
         bench.parse_overrides("n_layer=6,5")
     assert bench.parse_overrides("n_layer=+6,x=--6,y=-2") == dict(n_layer=6, x="--6", y=-2)  # "--6" is no int for int()
+    assert bench.parse_overrides("n_embd=1e3,n_layer=2.0,n_head=2.5,window_pattern=1e3") == dict(  # as train.py reads
+        n_embd=1000, n_layer=2, n_head="2.5", window_pattern="1e3")  # an int field's whole numbers; 2.5 left to GPTConfig
     with pytest.raises(ValueError, match="shared_table must be True or False"):
         GPTConfig.preset("cpu", "bov", shared_table="False")  # a non-empty string must not count as True
     m = bench.paired([1.0, 1.0], [0.9, 1.1])  # two rounds: the quartiles stay within the data
