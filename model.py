@@ -18,13 +18,17 @@ coefficients. Named presets pick a size and a variant: `GPTConfig.preset("paper_
 Run `python model.py` to list the presets with their parameters and FLOPs.
 """
 
+import errno
 import glob
+import lzma
 import math
 import os
 import re
 import signal
+import struct
 import sys
 import zipfile
+import zlib
 from dataclasses import asdict, dataclass, field, fields
 
 if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
@@ -164,8 +168,8 @@ class GPTConfig:
             bad(f"bov_layers as a list must hold layer indices in [0, {self.n_layer}), got {spec!r}")
         targets = self.target_layers()
         if self.value_source == "v1" and 0 in targets:
-            bad(f"value_source 'v1' with layer 0 as a target (bov_layers={spec!r} at n_layer={self.n_layer} gives "
-                f"{list(targets)}): layer 0 produces V1 and cannot also consume it")
+            given = f" (bov_layers={spec!r} at n_layer={self.n_layer} gives {list(targets)})" if isinstance(spec, str) else ""
+            bad(f"value_source 'v1' with layer 0 as a target{given}: layer 0 produces V1 and cannot also consume it")
         if self.value_source == "x" and self.value_mix == "add":
             bad("value_source 'x' with value_mix 'add' is V + V, a rescaled V; use 'replace' with a learned coefficient")
         if self.value_coeff == "gated" and (self.value_mix != "add" or self.value_source != "table"):
@@ -882,7 +886,11 @@ def unreadable_checkpoint(path, crc=True):
     GB/s); without crc only the zip's directory is read. Legacy files, and zips saved with CRCs off, have none."""
     damaged = f"cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged"
     try:
-        with open(path, "rb") as f:
+        f = open(path, "rb")
+    except OSError as e:
+        return f"cannot read checkpoint {path}: {e.strerror or e}"
+    with f:
+        try:
             head = f.read(14)
             if head[:1] == TORCH_LEGACY_MAGIC[:1] and head[2:] == TORCH_LEGACY_MAGIC[2:]:  # any pickle protocol
                 return None
@@ -896,14 +904,13 @@ def unreadable_checkpoint(path, crc=True):
                 bad = archive.testzip()  # the first record whose CRC-32 or local header does not match
                 if bad:
                     return f"{damaged} (its record {bad} fails the zip's CRC-32 or header check)"
-    except zipfile.BadZipFile as e:
-        return f"{damaged} ({e})"
-    except OSError as e:
-        if e.errno is None:  # from a decompressor (bz2) that a damaged header's method chose, not from the disk
-            return f"{damaged} ({first_line(e)})"
-        return f"cannot read checkpoint {path}: {e.strerror or e}"
-    except Exception as e:  # a damaged directory or header: zlib, lzma, an unknown method, a name that is not UTF-8
-        return f"{damaged} ({type(e).__name__}: {first_line(e)})"
+        except OSError as e:
+            if e.errno == errno.EIO:  # the disk itself
+                return f"cannot read checkpoint {path}: {e.strerror}"
+            return f"{damaged} ({type(e).__name__}: {first_line(e)})"  # e.g. a seek before the start, bz2's stream
+        except (zipfile.BadZipFile, zlib.error, lzma.LZMAError, struct.error, EOFError, NotImplementedError,
+                RuntimeError, UnicodeDecodeError) as e:  # a damaged directory or header (a method, a name not UTF-8)
+            return f"{damaged} ({type(e).__name__}: {first_line(e)})"
     return None
 
 

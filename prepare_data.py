@@ -35,6 +35,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import socket
 import struct
@@ -359,7 +360,7 @@ def tokenizer_sha256(data_dir):
 def load_tokens(data_dir, split):
     """Return list[np.memmap] (read-only, 1-D, dtype meta['dtype']), one per shard of split
     ('train' or 'val'), each validated against its header and meta.json. DataError on a
-    missing, truncated or corrupt shard."""
+    missing, truncated, too long or corrupt shard."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', not {split!r}")
     meta = load_meta(data_dir)
@@ -528,6 +529,22 @@ def source_kind(spec):
     raise DataError(f"unknown --source {spec!r}; use shakespeare, climbmix, hf:NAME[:CONFIG] or files:GLOB")
 
 
+def folder_hint(given, folder):
+    """The error for a files: source that names a folder (`given`, as typed; `folder`, expanded): a glob of the
+    files of the first type found in it, else below it (os.walk: symlinked folders, and so their loops, not
+    followed; at most 10,000 entries looked at), quoted for a shell."""
+    looked = 0
+    for root, dirs, files in os.walk(folder):
+        ext = next((e for e in (".jsonl", ".parquet", ".txt", ".md") if any(f.endswith(e) for f in files)), None)
+        if ext:
+            glob_ = os.path.join(glob.escape(given), "" if root == folder else "**", "*" + ext)
+            return f"{given!r} is a folder; give a glob of its files, e.g. --source={shlex.quote('files:' + glob_)}"
+        looked += len(dirs) + len(files)
+        if looked > 10_000:
+            break
+    return f"{given!r} is a folder with no .jsonl, .parquet, .txt or .md files found in it; give a glob of such files"
+
+
 class Source:
     """The rows of one source (spec: a --source value). is_val_candidate(i) says which rows may go
     to val; val takes the candidates from the start until it has val_tokens (None: all of them),
@@ -551,13 +568,8 @@ class Source:
             pattern = os.path.expanduser(spec[len("files:"):])
             self.paths = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
             if not self.paths:
-                if os.path.isdir(pattern):  # a folder is no glob of files: say which glob would be, for a type it holds
-                    folder = glob.escape(spec[len("files:"):])
-                    types = ("*.jsonl", "*.parquet", "*.txt", "*.md")  # in the folder itself first, then below it
-                    hint = next((g for g in types + tuple("**/" + t for t in types)
-                                 if glob.glob(os.path.join(glob.escape(pattern), g), recursive=True)), "*.txt")
-                    raise DataError(f"{spec[len('files:'):]!r} is a folder; give a glob of its files, e.g. "
-                                    f"--source='files:{os.path.join(folder, hint)}'")
+                if os.path.isdir(pattern):  # a folder is no glob of files: say which glob would read it
+                    raise DataError(folder_hint(spec[len("files:"):], pattern))
                 raise DataError(f"no files match {spec[len('files:'):]!r}")
             bad = [p for p in self.paths if not p.endswith((".txt", ".md", ".jsonl", ".parquet"))]
             if bad:

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import socket
@@ -492,13 +493,20 @@ def test_bad_input_is_one_line(tmp_path):
         assert prep("--source", spec, "--out_dir", tmp_path / "a") == (
             f"prepare_data.py: error: unknown --source {spec!r}; use shakespeare, climbmix, hf:NAME[:CONFIG] or files:GLOB")
     assert "no files match" in prep("--source", "files:" + str(tmp_path / "none*.jsonl"), "--out_dir", tmp_path / "a")
-    assert prep("--source", f"files:{tmp_path}", "--out_dir", tmp_path / "a") == (  # a folder: the glob to give
-        f"prepare_data.py: error: '{tmp_path}' is a folder; give a glob of its files, e.g. --source='files:{tmp_path}/*.txt'")
-    odd = tmp_path / "d[1]"  # glob characters in its name: escaped in the hint; a type below it: searched for
-    (odd / "sub").mkdir(parents=True)
-    (odd / "sub" / "rows.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")
-    msg = prep("--source", f"files:{odd}", "--out_dir", tmp_path / "a")
-    assert msg.endswith(f"--source='files:{tmp_path}/d[[]1]/**/*.jsonl'") and glob.glob(f"{tmp_path}/d[[]1]/**/*.jsonl", recursive=True)
+    odd = tmp_path / "it's d[1]"  # a folder: the glob to give, escaped for glob and quoted for a shell
+    (odd / "x.txt").mkdir(parents=True)  # a folder, not a file of that type
+    (odd / "loop").symlink_to(odd)  # not followed
+    assert prep("--source", f"files:{odd}", "--out_dir", tmp_path / "a") == (
+        f"prepare_data.py: error: {str(odd)!r} is a folder with no .jsonl, .parquet, .txt or .md files found in it; "
+        f"give a glob of such files")
+    (odd / "loop").unlink()  # (a glob with ** would follow it)
+    (odd / "sub").mkdir()
+    (odd / "sub" / "rows.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")  # below it
+    hint = prep("--source", f"files:{odd}", "--out_dir", tmp_path / "a").split("--source=")[1]
+    assert shlex.split(hint) == [f"files:{tmp_path}/it's d[[]1]/**/*.jsonl"]
+    assert glob.glob(shlex.split(hint)[0][len("files:"):], recursive=True) == [str(odd / "sub" / "rows.jsonl")]
+    (odd / "top.txt").write_text("hello")  # in it: its own files first
+    assert prep("--source", f"files:{odd}", "--out_dir", tmp_path / "a").endswith(shlex.quote(f"files:{tmp_path}/it's d[[]1]/*.txt"))
     assert "does not apply" in prep("--val_tokens", 1000, "--out_dir", tmp_path / "a")
     with pytest.raises(pd.DataError, match=f"^no prepared data in {tmp_path / 'a'}; run `python prepare_data.py --source=... "
                                            f"--out_dir={tmp_path / 'a'}` first$"):

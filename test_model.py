@@ -1,5 +1,6 @@
 """Tests of model.py: the architecture, the value-vector grid, decoding with a KV cache, accounting."""
 
+import errno
 import io
 import math
 import os
@@ -17,7 +18,7 @@ from torch.utils.serialization import config as serialization_config
 
 from bench import CPU_SDPA_FLOPS  # SDPA's CPU kernel for the counter; backward = 2 x forward, nanochat's count
 from conftest import finish, flip_tensor_byte, set_compression_method
-from model import GPT, GPTConfig, KVCache, SIZES, TORCH_LEGACY_MAGIC, VARIANTS
+from model import GPT, GPTConfig, KVCache, SIZES, TORCH_LEGACY_MAGIC, VARIANTS, unreadable_checkpoint
 
 # A tiny model that still has sliding windows: block 256 gives S windows of 128 tokens.
 TINY = dict(n_layer=6, n_embd=48, n_head=4, vocab_size=97, block_size=256, window_pattern="SSSL")
@@ -743,7 +744,7 @@ def test_every_block_matrix_is_trained_by_muon():
     assert any(p is model.blocks[5].attn.ve_gate.weight for p in muon.param_groups[0]["params"])
 
 
-def test_checkpoint_round_trip(tmp_path):
+def test_checkpoint_round_trip(tmp_path, monkeypatch):
     model = build(tiny("bov"))
     path = tmp_path / "ckpt.pt"
     model.save_checkpoint(str(path), step=7)
@@ -798,6 +799,16 @@ def test_checkpoint_round_trip(tmp_path):
         path.write_bytes(bytes(flipped))
         with pytest.raises(ValueError, match=damaged):
             GPT.from_checkpoint(str(path))
+    path.write_bytes(good)
+    for raised, message in ((OSError(errno.EINVAL, "Invalid argument"), "not a checkpoint train.py wrote, or damaged "
+                             "(OSError: [Errno 22] Invalid argument)"),  # a directory offset past the start: a bad seek
+                            (OSError(errno.EIO, "Input/output error"), "Input/output error")):  # the disk's own error
+        with monkeypatch.context() as m:
+            m.setattr(zipfile.ZipFile, "testzip", lambda self: (_ for _ in ()).throw(raised))
+            assert unreadable_checkpoint(str(path)) == f"cannot read checkpoint {path}: {message}"
+    with monkeypatch.context() as m, pytest.raises(MemoryError):  # not taken for damage: raised as it is
+        m.setattr(zipfile.ZipFile, "testzip", lambda self: (_ for _ in ()).throw(MemoryError()))
+        unreadable_checkpoint(str(path))
     with serialization_config.patch({"save.compute_crc32": False}):  # a writer that skips CRC-32s writes 0s: nothing to check
         torch.save(torch.load(io.BytesIO(good), weights_only=True), str(path))
     assert not any(r.CRC for r in zipfile.ZipFile(path).infolist())

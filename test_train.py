@@ -566,7 +566,8 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     assert error([*base, "--vocab_size=100", "--dry_run"]) == error([*base, "--vocab_size=100"])  # the plan checks it too
     assert error([*base, "--vocab_size=70000", "--dry_run"]) == error([*base, "--vocab_size=70000"]) == \
         "vocab_size 70000 is larger than the data's uint16 ids can hold"
-    assert "layer 0 produces V1" in error([*base, "--variant=svformer", "--bov_layers=0,1"])
+    assert error([*base, "--variant=svformer", "--bov_layers=0,1"]) == ("bad GPTConfig: value_source 'v1' with layer 0 as a "
+        "target: layer 0 produces V1 and cannot also consume it (size cpu, variant svformer)")  # the list says it already
     assert error([*base, "--variant=t1_r06", "--n_layer=1"]) == (  # the variant's own layers, at a depth where they
         "bad GPTConfig: value_source 'v1' with layer 0 as a target (bov_layers='last_third' at n_layer=1 gives [0]): "  # are 0
         "layer 0 produces V1 and cannot also consume it (size cpu, variant t1_r06)")
