@@ -905,11 +905,12 @@ def unreadable_checkpoint(path, crc=True):
                 if bad:
                     return f"{damaged} (its record {bad} fails the zip's CRC-32 or header check)"
         except OSError as e:
-            if e.errno == errno.EIO:  # the disk itself
-                return f"cannot read checkpoint {path}: {e.strerror}"
-            return f"{damaged} ({type(e).__name__}: {first_line(e)})"  # e.g. a seek before the start, bz2's stream
+            if e.errno in (None, errno.EINVAL):  # a seek before the start (a damaged offset), bz2's stream
+                return f"{damaged} ({type(e).__name__}: {first_line(e)})"
+            return f"cannot read checkpoint {path}: {e.strerror or e}"  # the disk or the file system
         except (zipfile.BadZipFile, zlib.error, lzma.LZMAError, struct.error, EOFError, NotImplementedError,
-                RuntimeError, UnicodeDecodeError) as e:  # a damaged directory or header (a method, a name not UTF-8)
+                RuntimeError, ValueError, OverflowError) as e:  # a damaged directory or header: a method, an offset,
+            # a name not UTF-8 (UnicodeDecodeError is a ValueError)
             return f"{damaged} ({type(e).__name__}: {first_line(e)})"
     return None
 

@@ -530,19 +530,19 @@ def source_kind(spec):
 
 
 def folder_hint(given, folder):
-    """The error for a files: source that names a folder (`given`, as typed; `folder`, expanded): a glob of the
-    files of the first type found in it, else below it (os.walk: symlinked folders, and so their loops, not
-    followed; at most 10,000 entries looked at), quoted for a shell."""
-    looked = 0
-    for root, dirs, files in os.walk(folder):
-        ext = next((e for e in (".jsonl", ".parquet", ".txt", ".md") if any(f.endswith(e) for f in files)), None)
+    """The error for a files: source that names a folder (`given` as typed, `folder` expanded): a glob of its own
+    files of the first type it holds (hidden ones aside, as glob skips them), else a glob below it, quoted for a shell."""
+    types = (".jsonl", ".parquet", ".txt", ".md")
+    with contextlib.suppress(OSError):  # unreadable: the general hint
+        with os.scandir(folder) as entries:
+            held = {e.name.rsplit(".", 1)[-1] for e in entries if not e.name.startswith(".") and e.is_file()}
+        ext = next((t for t in types if t[1:] in held), None)
         if ext:
-            glob_ = os.path.join(glob.escape(given), "" if root == folder else "**", "*" + ext)
+            glob_ = os.path.join(glob.escape(given), "*" + ext)
             return f"{given!r} is a folder; give a glob of its files, e.g. --source={shlex.quote('files:' + glob_)}"
-        looked += len(dirs) + len(files)
-        if looked > 10_000:
-            break
-    return f"{given!r} is a folder with no .jsonl, .parquet, .txt or .md files found in it; give a glob of such files"
+    glob_ = os.path.join(glob.escape(given), "**", "*.txt")
+    return (f"{given!r} is a folder with no .jsonl, .parquet, .txt or .md files of its own; give a glob of the files "
+            f"below it, e.g. --source={shlex.quote('files:' + glob_)}")
 
 
 class Source:

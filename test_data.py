@@ -494,19 +494,19 @@ def test_bad_input_is_one_line(tmp_path):
             f"prepare_data.py: error: unknown --source {spec!r}; use shakespeare, climbmix, hf:NAME[:CONFIG] or files:GLOB")
     assert "no files match" in prep("--source", "files:" + str(tmp_path / "none*.jsonl"), "--out_dir", tmp_path / "a")
     odd = tmp_path / "it's d[1]"  # a folder: the glob to give, escaped for glob and quoted for a shell
-    (odd / "x.txt").mkdir(parents=True)  # a folder, not a file of that type
-    (odd / "loop").symlink_to(odd)  # not followed
-    assert prep("--source", f"files:{odd}", "--out_dir", tmp_path / "a") == (
-        f"prepare_data.py: error: {str(odd)!r} is a folder with no .jsonl, .parquet, .txt or .md files found in it; "
-        f"give a glob of such files")
-    (odd / "loop").unlink()  # (a glob with ** would follow it)
+    (odd / "x.jsonl").mkdir(parents=True)  # a folder, not a file of that type
+    (odd / ".hidden.txt").write_text("hello")  # skipped by glob, so not offered
     (odd / "sub").mkdir()
-    (odd / "sub" / "rows.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")  # below it
+    (odd / "sub" / "rows.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")  # below it: the general hint
+    hint = prep("--source", f"files:{odd}", "--out_dir", tmp_path / "a")
+    assert hint.startswith(f"prepare_data.py: error: {str(odd)!r} is a folder with no .jsonl, .parquet, .txt or .md "
+                           f"files of its own; give a glob of the files below it, e.g. --source=")
+    assert shlex.split(hint.split("--source=")[1]) == [f"files:{tmp_path}/it's d[[]1]/**/*.txt"]
+    (odd / "top.md").write_text("hello")
+    (odd / "top.txt").write_text("hello")  # its own files: the first type of .jsonl, .parquet, .txt, .md
     hint = prep("--source", f"files:{odd}", "--out_dir", tmp_path / "a").split("--source=")[1]
-    assert shlex.split(hint) == [f"files:{tmp_path}/it's d[[]1]/**/*.jsonl"]
-    assert glob.glob(shlex.split(hint)[0][len("files:"):], recursive=True) == [str(odd / "sub" / "rows.jsonl")]
-    (odd / "top.txt").write_text("hello")  # in it: its own files first
-    assert prep("--source", f"files:{odd}", "--out_dir", tmp_path / "a").endswith(shlex.quote(f"files:{tmp_path}/it's d[[]1]/*.txt"))
+    assert shlex.split(hint) == [f"files:{tmp_path}/it's d[[]1]/*.txt"]
+    assert glob.glob(shlex.split(hint)[0][len("files:"):]) == [str(odd / "top.txt")]
     assert "does not apply" in prep("--val_tokens", 1000, "--out_dir", tmp_path / "a")
     with pytest.raises(pd.DataError, match=f"^no prepared data in {tmp_path / 'a'}; run `python prepare_data.py --source=... "
                                            f"--out_dir={tmp_path / 'a'}` first$"):

@@ -799,6 +799,13 @@ def test_checkpoint_round_trip(tmp_path, monkeypatch):
         path.write_bytes(bytes(flipped))
         with pytest.raises(ValueError, match=damaged):
             GPT.from_checkpoint(str(path))
+    zip64_end = good.rfind(b"PK\x06\x06")  # torch.save writes a zip64 end record: its directory offset's top byte
+    assert zip64_end > 0
+    flipped = bytearray(good)
+    flipped[zip64_end + 55] = 0xFF  # every record's offset then below -2**63: a ValueError at the seek
+    path.write_bytes(bytes(flipped))
+    with pytest.raises(ValueError, match=damaged):
+        GPT.from_checkpoint(str(path))
     path.write_bytes(good)
     for raised, message in ((OSError(errno.EINVAL, "Invalid argument"), "not a checkpoint train.py wrote, or damaged "
                              "(OSError: [Errno 22] Invalid argument)"),  # a directory offset past the start: a bad seek
