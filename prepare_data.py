@@ -533,13 +533,15 @@ def folder_hint(given, folder):
     """The error for a files: source that names a folder (`given` as typed, `folder` expanded): a glob of its own
     files of the first type it holds (hidden ones aside, as glob skips them), else a glob below it, quoted for a shell."""
     types = (".jsonl", ".parquet", ".txt", ".md")
-    with contextlib.suppress(OSError):  # unreadable: the general hint
+    try:
         with os.scandir(folder) as entries:
             held = {e.name.rsplit(".", 1)[-1] for e in entries if not e.name.startswith(".") and e.is_file()}
-        ext = next((t for t in types if t[1:] in held), None)
-        if ext:
-            glob_ = os.path.join(glob.escape(given), "*" + ext)
-            return f"{given!r} is a folder; give a glob of its files, e.g. --source={shlex.quote('files:' + glob_)}"
+    except OSError as e:
+        return f"{given!r} is a folder that cannot be listed ({e.strerror or e})"
+    ext = next((t for t in types if t[1:] in held), None)
+    if ext:
+        glob_ = os.path.join(glob.escape(given), "*" + ext)
+        return f"{given!r} is a folder; give a glob of its files, e.g. --source={shlex.quote('files:' + glob_)}"
     glob_ = os.path.join(glob.escape(given), "**", "*.txt")
     return (f"{given!r} is a folder with no .jsonl, .parquet, .txt or .md files of its own; give a glob of the files "
             f"below it, e.g. --source={shlex.quote('files:' + glob_)}")

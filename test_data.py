@@ -487,7 +487,7 @@ def test_gpt2_tokenizer_offline(tmp_path, monkeypatch):
     assert not (tmp_path / "g").exists()
 
 
-def test_bad_input_is_one_line(tmp_path):
+def test_bad_input_is_one_line(tmp_path, monkeypatch):
     assert "unknown --source" in prep("--source", "nope", "--out_dir", tmp_path / "a")
     for spec in ("hf", "files", "shakespeare:x", "climbmix:en"):  # were read as files: globs ('', 'peare:x', 'ix:en')
         assert prep("--source", spec, "--out_dir", tmp_path / "a") == (
@@ -502,6 +502,12 @@ def test_bad_input_is_one_line(tmp_path):
     assert hint.startswith(f"prepare_data.py: error: {str(odd)!r} is a folder with no .jsonl, .parquet, .txt or .md "
                            f"files of its own; give a glob of the files below it, e.g. --source=")
     assert shlex.split(hint.split("--source=")[1]) == [f"files:{tmp_path}/it's d[[]1]/**/*.txt"]
+    def denied(path):  # (the tests run as root, who may list any folder)
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    with monkeypatch.context() as m:
+        m.setattr(pd.os, "scandir", denied)
+        assert prep("--source", f"files:{odd}", "--out_dir", tmp_path / "a") == (
+            f"prepare_data.py: error: {str(odd)!r} is a folder that cannot be listed (Permission denied)")
     (odd / "top.md").write_text("hello")
     (odd / "top.txt").write_text("hello")  # its own files: the first type of .jsonl, .parquet, .txt, .md
     hint = prep("--source", f"files:{odd}", "--out_dir", tmp_path / "a").split("--source=")[1]
