@@ -61,7 +61,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from torch.utils.weak import WeakIdKeyDictionary
 
 from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory
-from prepare_data import atomic_write, json_lines, out_dir_problem, silence_stdout
+from prepare_data import atomic_write, json_lines, out_dir_problem, silence_stdout, whole_number
 from sample import autocast, check_device, resolve_dtype
 
 PAPER_BUDGETS = {"paper_135m": 1.5e18, "paper_780m": 3.91e19}  # training FLOPs of the paper's runs
@@ -634,8 +634,8 @@ def parse_overrides(text):
         bools = {"true": True, "false": False}
         out[key] = int(value) if re.fullmatch(r"[+-]?\d+", value) else bools.get(value.lower(), value)
         if isinstance(out[key], str) and type(FIELD_DEFAULTS.get(key)) is int:  # 1e3, 2.0: whole numbers; 2.5 stays text
-            with contextlib.suppress(ValueError, OverflowError):
-                out[key] = int(float(value)) if float(value).is_integer() else value
+            with contextlib.suppress(ValueError):
+                out[key] = whole_number(value)
     return out
 
 

@@ -177,6 +177,20 @@ def silence_stdout():
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def whole_number(text):
+    """int of a whole number in any notation (train.py's settings, bench.py's --config): 2e9 and 5.0 are; 2.5 is
+    not, and is refused (ValueError) rather than cut to 2, as are nan and inf. Digits are read exactly, at any length."""
+    if re.fullmatch(r"\s*[+-]?\d+\s*", text):
+        return int(text)
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not x.is_integer():
+        raise ValueError(f"expected a whole number, got {text!r}")
+    return int(x)
+
+
 def plural(n, noun):
     """'1 doc', '2,048 docs': a count and its noun, for summary lines (prepare_data.py's totals, sample.py's speeds)."""
     return f"{n:,} {noun}{'s' * (n != 1)}"

@@ -20,7 +20,6 @@ import json
 import math
 import os
 import random
-import re
 import signal
 import sys
 import time
@@ -39,7 +38,7 @@ import torch.distributed as dist
 from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory, unreadable_checkpoint
 from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokenizer,
                           load_tokens, lock_folder, missing_top, out_dir_problem, prepare_command, remove_unused,
-                          silence_stdout, tokenizer_sha256, write_json)
+                          silence_stdout, tokenizer_sha256, whole_number, write_json)
 from sample import autocast as sample_autocast, check_device
 
 # -----------------------------------------------------------------------------
@@ -124,16 +123,8 @@ def _parse_value(key, text, like):
         if text.lower() in ("0", "false", "no", "off"):
             return False
         raise ValueError(f"expected true/false, got {text!r}")
-    if isinstance(like, int):  # 2e9 and 5.0 are whole numbers; 2.5 is not, and is refused rather than cut to 2
-        if re.fullmatch(r"\s*[+-]?\d+\s*", text):
-            return int(text)  # digits: exact at any length
-        try:
-            x = float(text)
-        except ValueError:
-            x = math.nan
-        if not x.is_integer():  # (nan and inf are not)
-            raise ValueError(f"expected a whole number, got {text!r}")
-        return int(x)
+    if isinstance(like, int):
+        return whole_number(text)
     if isinstance(like, float):
         return float(text)
     return text
