@@ -757,7 +757,7 @@ class GPT(nn.Module):
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # damaged inside, or not train.py's; never retried without weights_only
             why = "a weights-only load refused its contents" if "weights_only" in str(e) else first_line(e, None)
-            raise ValueError(f"cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged ({why})") from None
+            raise ValueError(damaged_checkpoint(path, why)) from None
         try:
             config = GPTConfig(**ckpt["model_config"])
             model = cls(config, device="meta")
@@ -884,7 +884,6 @@ def unreadable_checkpoint(path, crc=True):
     format, a pickle that starts with torch's magic number. With crc, the zip's records must also match their
     CRC-32s: torch.load checks none, so a flipped bit inside a tensor would load. That reads the whole file (a few
     GB/s); without crc only the zip's directory is read. Legacy files, and zips saved with CRCs off, have none."""
-    damaged = f"cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged"
     try:
         f = open(path, "rb")
     except OSError as e:
@@ -894,25 +893,32 @@ def unreadable_checkpoint(path, crc=True):
             head = f.read(14)
             if head[:1] == TORCH_LEGACY_MAGIC[:1] and head[2:] == TORCH_LEGACY_MAGIC[2:]:  # any pickle protocol
                 return None
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 22 - 65535))  # the end record is in the last 22 + 65535 bytes:
+            f.read()  # read them here, as zipfile would take a disk's read error there for "not a zip file"
             f.seek(0)
             if not zipfile.is_zipfile(f):
-                return f"{damaged} (not a complete zip archive)"
+                return damaged_checkpoint(path, "not a complete zip archive")  # cut short: the end record is gone
             archive = zipfile.ZipFile(f)
             if not any(name.endswith("data.pkl") for name in archive.namelist()):
-                return f"{damaged} (a zip archive, but not torch.save's: no data.pkl)"
+                return damaged_checkpoint(path, "a zip archive, but not torch.save's: no data.pkl")
             if crc and any(r.CRC for r in archive.infolist()):  # all 0: saved with torch's compute_crc32 off
                 bad = archive.testzip()  # the first record whose CRC-32 or local header does not match
                 if bad:
-                    return f"{damaged} (its record {bad} fails the zip's CRC-32 or header check)"
+                    return damaged_checkpoint(path, f"its record {bad} fails the zip's CRC-32 or header check")
         except OSError as e:
             if e.errno in (None, errno.EINVAL):  # a seek before the start (a damaged offset), bz2's stream
-                return f"{damaged} ({type(e).__name__}: {first_line(e)})"
+                return damaged_checkpoint(path, f"{type(e).__name__}: {first_line(e)}")
             return f"cannot read checkpoint {path}: {e.strerror or e}"  # the disk or the file system
         except (zipfile.BadZipFile, zlib.error, lzma.LZMAError, struct.error, EOFError, NotImplementedError,
                 RuntimeError, ValueError, OverflowError) as e:  # a damaged directory or header: a method, an offset,
             # a name not UTF-8 (UnicodeDecodeError is a ValueError)
-            return f"{damaged} ({type(e).__name__}: {first_line(e)})"
+            return damaged_checkpoint(path, f"{type(e).__name__}: {first_line(e)}")
     return None
+
+
+def damaged_checkpoint(path, why):
+    """The one line for a file that is there and readable but is no checkpoint of train.py's, or no longer one."""
+    return f"cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged ({why})"
 
 
 def no_checkpoint(path):

@@ -18,6 +18,7 @@ from torch.utils.serialization import config as serialization_config
 
 from bench import CPU_SDPA_FLOPS  # SDPA's CPU kernel for the counter; backward = 2 x forward, nanochat's count
 from conftest import finish, flip_tensor_byte, set_compression_method
+import model as model_module
 from model import GPT, GPTConfig, KVCache, SIZES, TORCH_LEGACY_MAGIC, VARIANTS, unreadable_checkpoint
 
 # A tiny model that still has sliding windows: block 256 gives S windows of 128 tokens.
@@ -813,6 +814,14 @@ def test_checkpoint_round_trip(tmp_path, monkeypatch):
         with monkeypatch.context() as m:
             m.setattr(zipfile.ZipFile, "testzip", lambda self: (_ for _ in ()).throw(raised))
             assert unreadable_checkpoint(str(path)) == f"cannot read checkpoint {path}: {message}"
+    class FailingDisk(io.FileIO):  # a disk that reads the first bytes, then fails: at the zip's end record
+        def read(self, size=-1):
+            if self.tell() + size != 14:
+                raise OSError(errno.EIO, "Input/output error")
+            return super().read(size)
+    with monkeypatch.context() as m:
+        m.setattr(model_module, "open", FailingDisk, raising=False)
+        assert unreadable_checkpoint(str(path)) == f"cannot read checkpoint {path}: Input/output error"
     with monkeypatch.context() as m, pytest.raises(MemoryError):  # not taken for damage: raised as it is
         m.setattr(zipfile.ZipFile, "testzip", lambda self: (_ for _ in ()).throw(MemoryError()))
         unreadable_checkpoint(str(path))
