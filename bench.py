@@ -354,13 +354,13 @@ def measure(benches, contexts, steps, rounds, log, compiled=False):
 
 def cache_allocated(benches, context):
     """Bytes the decode cache allocated after a real prefill to `context`, against the analytic figure,
-    and B/A bytes per token against ((2L - n_vfree) d s + 4 if tables) for each."""
+    and B/A bytes per token against ((2L - n_vfree) d s + 4 if it caches ids) for each."""
     out = {}
     for name, bench in zip("ab", benches):
         bench.prefill(context)
         cfg, cache = bench.decode_cfg, bench.cache
         s = cache.k[0].element_size()  # the formula written out, not kv_cache_bytes again: an independent check
-        expected = (2 * cfg.n_layer - len(cfg.v_free_layers())) * cfg.n_embd * s + (4 if cfg.table_layers() else 0)
+        expected = (2 * cfg.n_layer - len(cfg.v_free_layers())) * cfg.n_embd * s + (4 if cfg.caches_ids() else 0)
         out[name] = dict(context=context, max_len=cache.max_len, filled=cache.pos, dtype=str(cache.k[0].dtype)[6:],
                          batch=cache.k[0].size(0), allocated=cache.nbytes(),
                          analytic=cfg.kv_cache_bytes(cache.k[0].size(0), cache.max_len, cache.k[0].dtype),

@@ -126,13 +126,18 @@ class GPTConfig:
             return ()
         return self.target_layers()
 
+    def caches_ids(self):
+        """Whether the decode cache keeps the token ids: V-free layers read their window's table rows by id
+        (a table that is added to V only needs this pass's ids, its sum is in the V cache)."""
+        return bool(self.table_layers() and self.v_free_layers())
+
     # -- memory accounting (the paper's Section 4, eq. 6) -----------------------
 
     def kv_cache_bytes(self, batch, context, dtype=torch.bfloat16):
         """Bytes of the decode cache for `batch` sequences of `context` tokens.
-        K for every layer, V for every layer that is not V-free, one int32 id per token if any layer reads a table."""
+        K for every layer, V for every layer that is not V-free, one int32 id per token if caches_ids()."""
         per_token = (2 * self.n_layer - len(self.v_free_layers())) * self.n_embd * _itemsize(dtype)
-        per_token += 4 if self.table_layers() else 0
+        per_token += 4 if self.caches_ids() else 0
         return batch * context * per_token
 
     def table_bytes(self, dtype=torch.bfloat16):
@@ -275,7 +280,7 @@ class KVCache:
         empty = lambda: torch.empty(B, H, max_len, D, dtype=dtype, device=device)
         self.k = [empty() for _ in range(config.n_layer)]
         self.v = [None if i in v_free else empty() for i in range(config.n_layer)]
-        self.ids = torch.empty(B, max_len, dtype=torch.int32, device=device) if config.table_layers() else None
+        self.ids = torch.empty(B, max_len, dtype=torch.int32, device=device) if config.caches_ids() else None
         self.pos = 0  # number of positions already written
         self.max_len = max_len
 

@@ -494,7 +494,8 @@ def test_sampling_at_a_tiny_temperature_is_greedy():
                            logits.argmax(-1, keepdim=True))
 
 
-@pytest.mark.parametrize("variant", ["baseline", "bov", "svformer", "bov_keep_v", "bov_shared_table", "t1_r09"])
+@pytest.mark.parametrize("variant", ["baseline", "bov", "svformer", "bov_keep_v", "value_embed_gated", "bov_shared_table",
+                                     "t1_r09"])
 def test_cache_bytes_equal_the_analytic_formula(variant):
     cfg = tiny(variant)
     for dtype in (torch.float32, torch.bfloat16):
@@ -502,7 +503,8 @@ def test_cache_bytes_equal_the_analytic_formula(variant):
         assert cache.nbytes() == cfg.kv_cache_bytes(3, 100, dtype)
     d, L, item = cfg.n_embd, cfg.n_layer, 2
     per_token = {"baseline": 2 * L * d * item, "bov": (2 * L - 2) * d * item + 4,
-                 "svformer": (2 * L - 5) * d * item, "bov_keep_v": 2 * L * d * item + 4,
+                 "svformer": (2 * L - 5) * d * item, "bov_keep_v": 2 * L * d * item,  # E_v[i] is in its V: no ids
+                 "value_embed_gated": 2 * L * d * item,
                  "bov_shared_table": (2 * L - 2) * d * item + 4, "t1_r09": 2 * L * d * item}[variant]
     assert cfg.kv_cache_bytes(1, 1, torch.bfloat16) == per_token
 
