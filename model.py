@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 32768      # the paper's BPE vocabulary; "cpu" takes it from the prepared data
+    vocab_size: int = 32768      # the paper's BPE vocabulary; train.py takes the prepared data's, or a larger --vocab_size
     n_layer: int = 12
     n_head: int = 6              # head_dim = n_embd / n_head (128 at both paper sizes)
     n_embd: int = 768
@@ -197,7 +197,7 @@ def _itemsize(dtype):
 SIZES = {
     "paper_135m": dict(n_layer=12, n_embd=768, n_head=6, vocab_size=32768, block_size=2048, window_pattern="SSSL"),
     "paper_780m": dict(n_layer=24, n_embd=1536, n_head=12, vocab_size=32768, block_size=2048, window_pattern="SSSL"),
-    # 6 layers so that "last third" is 2 layers; vocab is overridden by train.py from the prepared data.
+    # 6 layers so that "last third" is 2 layers (train.py takes every size's vocab from the prepared data).
     "cpu": dict(n_layer=6, n_embd=192, n_head=6, vocab_size=4096, block_size=256, window_pattern="SSSL"),
 }
 
@@ -268,7 +268,8 @@ def window_mask(q_pos, k_pos, window):
 class KVCache:
     """Preallocated decode cache for `batch` sequences of up to `max_len` tokens.
 
-    K for every layer; V only for layers whose values depend on context. A BoV table layer keeps
+    K for every layer; V for all but the V-free layers (v_free_layers(): V replaced by a table row or V1;
+    an x0 W_V value is context-free but is computed from x0, so it is cached). A BoV table layer keeps
     no V: at each step it reads E_v[ids] for the ids in its window again (Attention.table_decode_step)
     and keeps nothing, so the cache holds the token ids once for the whole model (int32). A layer that
     replaces V by V1 reads layer 0's V cache. k[i] and v[i] are (B, H, max_len, D); ids is (B, max_len).
@@ -331,8 +332,9 @@ class Attention(nn.Module):
         self.layer, self.window = layer, window
         self.n_head, self.head_dim = config.n_head, config.head_dim
         self.target = layer in config.target_layers()
-        self.source = config.value_source if self.target else None
-        self.mix, self.coeff = config.value_mix, config.value_coeff
+        # the value grid (source, mix, coeff) of a target layer; None elsewhere
+        self.source, self.mix, self.coeff = ((config.value_source, config.value_mix, config.value_coeff)
+                                             if self.target else (None, None, None))
         self.v_free = layer in config.v_free_layers()
         self.table_idx = None  # which of GPT.tables this layer reads; None: it reads none
         if self.source == "table":
@@ -342,13 +344,13 @@ class Attention(nn.Module):
         # A layer whose V is replaced by a table row or by V1 never computes x W_V: no W_V parameter.
         self.c_v = None if self.v_free else nn.Linear(C, C, bias=False)
         self.c_proj = nn.Linear(C, C, bias=False)
-        if self.target and self.coeff == "learned":
+        if self.coeff == "learned":
             if self.mix == "replace":
                 self.gamma_v = nn.Parameter(torch.ones(1))   # unbounded, init 1 (the paper's gamma_v)
             else:
                 self.alpha_v = nn.Parameter(torch.ones(1))   # on V
                 self.beta_v = nn.Parameter(torch.zeros(1))   # on V~: the model starts as standard attention
-        if self.target and self.coeff == "gated":
+        if self.coeff == "gated":
             self.ve_gate = nn.Linear(12, self.n_head, bias=False)  # reads the first 12 channels of x
 
     def coefficients(self):
@@ -675,7 +677,7 @@ class GPT(nn.Module):
         if self.offload is not None:
             rows = self.offload.slot[rows.long()]  # the rows of the device row cache instead
         H = self.config.n_head  # row r of a (N, C) table is rows r H .. r H + H - 1 of its (N H, D) view
-        return torch.add(torch.arange(H, device=rows.device)[:, None], rows, alpha=H)  # (B, H, pos + 1)
+        return rows * H + torch.arange(H, device=rows.device)[:, None]  # (B, H, pos + 1)
 
     def offload_tables(self, device):
         """Run on `device` with the value tables left in host memory (see TableOffload)."""
@@ -848,7 +850,7 @@ class GPT(nn.Module):
         for block in self.blocks:
             a = block.attn
             matmul += sum(p.numel() for p in block.parameters() if p.dim() == 2)
-            if a.source == "x0" and a.mix == "add":  # (source is None outside the target layers)
+            if a.source == "x0" and a.mix == "add":
                 matmul += a.c_v.weight.numel()  # W_V applied to both x and x0
         attn = sum(12 * cfg.n_head * cfg.head_dim * min(w, cfg.block_size) for w in cfg.windows())
         return 6 * matmul + attn

@@ -157,7 +157,7 @@ def load(ckpt_path, device, data_dir=None, offload_tables=False):
     return model, checkpoint_tokenizer(ckpt_path, ckpt, model.config.vocab_size, data_dir)
 
 
-def generate(model, tokenizer, prompt_ids, args, generator, out):
+def sample_one(model, tokenizer, prompt_ids, args, generator, out):
     """Stream one sample (the prompt, then each new token) to `out`; return (prompt tokens, prefill
     seconds, decoded tokens, decode seconds). The first new token comes out of the prefill, every
     later one out of a one-token decode step. prompt_ids starts with <|bos|> (encode_prompt), not printed."""
@@ -251,7 +251,7 @@ def main(argv=None):
             for k in range(args.num_samples):
                 if k:
                     sys.stdout.write(SEPARATOR)
-                totals = [a + b for a, b in zip(totals, generate(model, tokenizer, ids, args, generator, sys.stdout))]
+                totals = [a + b for a, b in zip(totals, sample_one(model, tokenizer, ids, args, generator, sys.stdout))]
                 sys.stdout.write("\n")
                 sys.stdout.flush()
     except KeyboardInterrupt:  # the samples finished so far are reported below, then exit 130

@@ -243,15 +243,15 @@ def test_ctrl_c_while_loading_is_one_line(tiny, monkeypatch, capsys):
 
 def test_ctrl_c_while_generating_reports_the_finished_samples_and_exits_130(tiny, monkeypatch, capsys):
     """Ctrl-C in the second sample: the first stays on stdout with its speeds, and the exit status is a shell's 130."""
-    generate = sample.generate
+    sample_one = sample.sample_one
     calls = []
 
     def second_interrupted(*args):
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return generate(*args)
-    monkeypatch.setattr(sample, "generate", second_interrupted)
+        return sample_one(*args)
+    monkeypatch.setattr(sample, "sample_one", second_interrupted)
     with pytest.raises(SystemExit) as e:
         sample.main(["--ckpt", tiny[0], "--num_samples", "3", "--max_new_tokens", "4", "--seed", "1"])
     res = capsys.readouterr()
@@ -730,7 +730,7 @@ def test_bench_bad_arguments_are_one_line_errors(capsys):
 # ---------------------------------------------------------------------------- sample timings, the benchmark's bookkeeping
 
 def test_timings_count_every_sample(tiny, capsys):
-    """Mutant S4 (sample.py main): `totals = list(generate(...))`, so only the last sample is counted."""
+    """Mutant S4 (sample.py main): `totals = list(sample_one(...))`, so only the last sample is counted."""
     path, tok, _ = tiny
     prompt = [tok.bos_id] + tok.encode("the bank")
     err = run_sample(capsys, "--ckpt", path, "--start", "the bank", "--num_samples", 3, "--max_new_tokens", 5,

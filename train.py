@@ -526,7 +526,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C; kill, timeout, Slurm, 
 
 
 def stop_signal(signum, frame):
-    """Ctrl-C and SIGTERM alike: a KeyboardInterrupt, and main() exits 128 + the signal's number. Once the
+    """Ctrl-C and SIGTERM alike: a KeyboardInterrupt, and the script exits 128 + the signal's number. Once the
     script's own handler, the signals that follow are ignored: Slurm and torchrun both send one, and a
     second must not cut main()'s cleanup short (the next Ctrl-C or SIGTERM is a no-op; kill -9 remains)."""
     RUN["signal"] = signum
@@ -852,7 +852,7 @@ def run(argv):
     model = GPT(model_config, device=dev)
     optimizers = model.configure_optimizers(s["matrix_lr"], s["embedding_lr"], s["unembedding_lr"],
                                             s["scalar_lr"], s["table_lr"], s["weight_decay"])
-    # smooth: the logged loss, a moving average (weight LOSS_EMA) of the steps' losses, debiased
+    # smooth: a moving average (weight LOSS_EMA) of the steps' losses from 0; the log divides it by 1 - LOSS_EMA^step
     step, metrics, smooth = restore(ckpt_path, s, model_config, model, optimizers, loader, tok_sha, data_counts, iters, log)
     metrics_path = os.path.join(s["out_dir"], "metrics.jsonl")
     if master and s["resume"]:  # the checkpoint's metrics, without any logged after it
@@ -886,11 +886,11 @@ def run(argv):
         log(f"eval step {step}: val loss {r['val_loss']:.4f}, val bpb {r['val_bpb']:.4f}" + (f" | coeff {coeffs}" if coeffs else ""))
         return rec
 
-    def check_ids(rows, split):
+    def check_in_vocab(rows, split):
         if rows.size and rows.max() >= model_config.vocab_size:  # a damaged shard: one line, not a traceback mid-run
             raise DataError(f"the {split} data in {s['data_dir']} holds token id {rows.max()}, outside the model's "
                             f"vocabulary of {model_config.vocab_size}: it is damaged; re-run prepare_data.py with --force")
-    check_ids(val, "validation")
+    check_in_vocab(val, "validation")
 
     def check_finite(value, what, step):
         if not math.isfinite(value):
@@ -918,7 +918,7 @@ def run(argv):
                 g["lr"] = g["initial_lr"] * lrm
         epoch_before = loader.epoch
         step_rows = loader.next_rows(s["device_batch_size"] * accum * world)
-        check_ids(step_rows, "train")
+        check_in_vocab(step_rows, "train")
         if loader.epoch != epoch_before:
             log(f"WARNING: step {step + 1} starts epoch {loader.epoch + 1} of {s['data_dir']}: the run is past a single epoch")
         loss_sum = 0.0
