@@ -151,8 +151,9 @@ class GPTConfig:
         def bad(msg):
             raise ValueError(f"bad GPTConfig: {msg}")
         for name in ("vocab_size", "n_layer", "n_head", "n_embd", "block_size"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                bad(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:  # True is an int to Python
+                bad(f"{name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head:
             bad(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if self.head_dim % 2:

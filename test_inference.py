@@ -431,10 +431,18 @@ def test_bench_json_has_every_field(bench_json):
     assert round(rows["paper_135m", "baseline"]["budget_tokens"] / 1e9, 2) == 1.97
     assert round(rows["paper_780m", "baseline"]["budget_tokens"] / 1e9, 2) == 8.19
     assert round(rows["paper_780m", "bov"]["budget_tokens"] / 1e9, 2) == 8.39
+    # the measured size's rows are --config's model: wte and lm_head 97 x 48, 12 d^2 of matrices a layer, two of
+    # them BoV layers without W_V but with a gamma_v and a 97 x 48 table; no paper budget for it
+    d, V = 48, 97
+    assert (rows["cpu", "baseline"]["dense_params"], rows["cpu", "baseline"]["scaling_params"]) == (
+        2 * V * d + 6 * 12 * d * d, V * d + 6 * 12 * d * d)
+    assert (rows["cpu", "bov"]["dense_params"], rows["cpu", "bov"]["scaling_params"], rows["cpu", "bov"]["table_params"]) == (
+        2 * V * d + 6 * 12 * d * d - 2 * d * d + 2, V * d + 6 * 12 * d * d - 2 * d * d, 2 * V * d)
+    assert rows["cpu", "bov"]["budget_flops"] is rows["cpu", "bov"]["budget_tokens"] is None
     f = r["flops_measured"]
     for k in "ab":
         assert abs(f[k]["measured"] / f[k]["estimate"] - 1) < 0.02
-    assert f["ratio"] < 1  # BoV runs no W_V matmul in its table layers
+    assert f["ratio"] == f["b"]["measured"] / f["a"]["measured"] < 1  # BoV runs no W_V matmul in its table layers
     s = r["speed"]
     assert s["compile"] is False and s["recompiled"] is None  # eager unless --compile
     for key in ("decode_tok_s", "prefill_tok_s"):
@@ -468,6 +476,7 @@ def test_bench_budgets_are_the_training_recipes():
 def test_bench_kv_memory_follows_eq6(bench_json):
     kv = bench_json["kv_cache"]["paper_780m"]
     L, d, V, s = 24, 1536, 32768, 2
+    assert [row["context"] for row in kv["rows"]] == [1024, 4096, 16384, 65536, 262144, 1048576]  # 1K .. 1M
     for row in kv["rows"]:
         T = row["context"]
         assert row["eq6_bytes"] == L // 3 * d * (T - V) * s  # the paper's eq. 6, in bytes
@@ -493,6 +502,8 @@ def test_bench_kv_memory_follows_eq6(bench_json):
     ("bov_keep_v", "bov", None, 0),      # the same tables on both sides
     ("bov", "baseline", None, None),     # B caches more per token: it never saves
     ("bov", "bov_shared_table", None, 0),  # the same cache, 1 table for 4: B saves from the first token
+    ("bov", "svformer", None, 0),        # a smaller cache and no tables: B saves from the first token
+    ("baseline", "t1_r09", None, None),  # the same cache, no tables on either side: nothing saved, ever
 ])
 def test_bench_breakeven_of_other_pairs(bench_json, a, b, paper, breakeven):
     kv = bench.kv_memory(GPTConfig.preset("paper_135m", a), GPTConfig.preset("paper_135m", b), batch=32)
@@ -510,10 +521,18 @@ def test_bench_breakeven_of_other_pairs(bench_json, a, b, paper, breakeven):
 
 
 def test_eq6_bytes_count_the_tables_of_both_sides():
-    """bov_shared_table against bov: the same cache, 3 of bov's 4 tables (|V| x d, bf16) gone at every context."""
-    kv = bench.kv_memory(GPTConfig.preset("paper_135m", "bov"), GPTConfig.preset("paper_135m", "bov_shared_table"), batch=1)
-    for row in kv["rows"]:
-        assert row["eq6_bytes"] == row["net_saving_seq"] == 3 * 32768 * 768 * 2
+    """bov_shared_table against bov: the same cache, 3 of bov's 4 tables (|V| x d, bf16 by default) gone at every context."""
+    a, b = GPTConfig.preset("paper_135m", "bov"), GPTConfig.preset("paper_135m", "bov_shared_table")
+    for kv, s in ((bench.kv_memory(a, b, batch=1), 2), (bench.kv_memory(a, b, batch=1, dtype=torch.float32), 4)):
+        for row in kv["rows"]:
+            assert row["eq6_bytes"] == row["net_saving_seq"] == 3 * 32768 * 768 * s
+
+
+def test_bench_budgets_only_for_the_papers_own_models():
+    """A paper size changed by --config is not the model the paper's budget was spent on: no tokens for it."""
+    rows = bench.accounting(["baseline"], {"paper_135m": {}, "paper_780m": {"n_layer": 12}})
+    assert rows[0]["budget_flops"] == 1.5e18 and rows[0]["budget_tokens"] == 1.5e18 / rows[0]["flops_per_token"]
+    assert rows[1]["budget_flops"] is rows[1]["budget_tokens"] is None
 
 
 def test_bench_plot_without_matplotlib_is_refused_before_the_run(tmp_path, monkeypatch, capsys):

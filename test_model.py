@@ -1,5 +1,6 @@
 """Tests of model.py: the architecture, the value-vector grid, decoding with a KV cache, accounting."""
 
+import argparse
 import errno
 import io
 import math
@@ -19,7 +20,7 @@ from torch.utils.serialization import config as serialization_config
 from bench import CPU_SDPA_FLOPS  # SDPA's CPU kernel for the counter; backward = 2 x forward, nanochat's count
 from conftest import finish, flip_tensor_byte, set_compression_method
 import model as model_module
-from model import GPT, GPTConfig, KVCache, SIZES, TORCH_LEGACY_MAGIC, VARIANTS, unreadable_checkpoint
+from model import GPT, GPTConfig, KVCache, PassContext, SIZES, TORCH_LEGACY_MAGIC, VARIANTS, unreadable_checkpoint
 
 # A tiny model that still has sliding windows: block 256 gives S windows of 128 tokens.
 TINY = dict(n_layer=6, n_embd=48, n_head=4, vocab_size=97, block_size=256, window_pattern="SSSL")
@@ -70,6 +71,38 @@ def test_sizes_and_variants_are_the_documented_names():
     assert {"baseline", "bov", "t1_r13", "svformer"} <= set(VARIANTS)
 
 
+def test_sizes_are_the_documented_shapes():
+    """README's sizes: paper_135m 12 layers, d 768, 6 heads of 128, context 2048, SSSL; paper_780m 24 layers,
+    d 1536, 12 heads (of 128 again); cpu 6 layers, d 192, 6 heads, context 256."""
+    shapes = {name: (c.n_layer, c.n_embd, c.n_head, c.head_dim, c.block_size, c.window_pattern)
+              for name in SIZES for c in [GPTConfig.preset(name)]}
+    assert shapes == {"paper_135m": (12, 768, 6, 128, 2048, "SSSL"), "paper_780m": (24, 1536, 12, 128, 2048, "SSSL"),
+                      "cpu": (6, 192, 6, 32, 256, "SSSL")}
+
+
+def test_variants_are_the_readme_table_rows():
+    """Each preset's target layers (at the 12-layer size) and value formula, as the README's variant table gives them."""
+    last, every, every_but_0, every_other = tuple(range(8, 12)), tuple(range(12)), tuple(range(1, 12)), tuple(range(1, 12, 2))
+    rows = {  # variant: (target layers, V~, replace or add, coefficients, one shared table)
+        "bov": (last, "table", "replace", "learned", False), "t1_r02": (last, "x", "replace", "learned", False),
+        "t1_r03": (every_but_0, "v1", "replace", "fixed", False), "t1_r04": (every_other, "v1", "replace", "learned", False),
+        "t1_r05": (last, "v1", "replace", "fixed", False), "t1_r06": (last, "v1", "replace", "learned", False),
+        "t1_r07": (every_other, "x0", "replace", "learned", False), "t1_r08": (last, "x0", "replace", "fixed", False),
+        "t1_r09": (last, "x0", "replace", "learned", False), "t1_r10": (last, "v1", "add", "fixed", False),
+        "t1_r11": (last, "v1", "add", "learned", False), "t1_r12": (last, "x0", "add", "fixed", False),
+        "t1_r13": (last, "x0", "add", "learned", False), "bov_shared_table": (last, "table", "replace", "learned", True),
+        "bov_fixed_coeff": (last, "table", "replace", "fixed", False), "bov_every_layer": (every, "table", "replace", "learned", False),
+        "bov_keep_v": (last, "table", "add", "learned", False), "value_embed_gated": (every_other, "table", "add", "gated", False),
+        "resformer": (every_but_0, "v1", "add", "fixed", False), "svformer": (every_but_0, "v1", "replace", "fixed", False),
+    }
+    for name in VARIANTS:
+        c = GPTConfig.preset("paper_135m", name)
+        if name in ("baseline", "t1_r01"):
+            assert c.target_layers() == () and c.n_tables() == 0 and not c.v_free_layers()
+        else:
+            assert (c.target_layers(), c.value_source, c.value_mix, c.value_coeff, c.shared_table) == rows[name], name
+
+
 def test_a_preset_that_does_not_fit_names_its_size_and_variant():
     with pytest.raises(ValueError, match=r"^bad GPTConfig: bov_layers as a list must hold layer indices in \[0, 6\), "
                                          r"got \(8,\) \(size cpu, variant bov\)$"):
@@ -108,6 +141,12 @@ def test_target_layer_sets():
         with pytest.raises(ValueError, match=f"bov_layers must be 'last_third', .* got '{typo}'"):
             GPTConfig.preset("paper_135m", "baseline", bov_layers=typo)
     assert GPTConfig.preset("paper_135m", "baseline").target_layers() == ()
+    listed = GPTConfig.preset("paper_135m", "bov", bov_layers=(11, 9, 9))  # a list in any order, with repeats: a set
+    assert listed.target_layers() == (9, 11) and listed.n_tables() == 2
+    for L in range(1, 25):  # at any depth: the last third (floor or ceil of L/3 layers); the last layer and every second below it
+        t = GPTConfig.preset("cpu", "bov", n_layer=L).target_layers()
+        assert t == tuple(range(L - len(t), L)) and L // 3 <= len(t) <= -(-L // 3), L
+        assert GPTConfig.preset("cpu", "t1_r07", n_layer=L).target_layers() == tuple(range(L - 1, -1, -2))[::-1], L
 
 
 def test_windows_follow_sssl_with_a_full_last_layer():
@@ -116,6 +155,7 @@ def test_windows_follow_sssl_with_a_full_last_layer():
     c = GPTConfig.preset("paper_135m", window_pattern="S")
     assert c.windows() == [512] * 11 + [2048]
     assert GPTConfig.preset("cpu").windows() == [128, 128, 128, 256, 128, 256]
+    assert GPTConfig.preset("cpu", block_size=64).windows() == [64] * 6  # a window never exceeds the context
 
 
 def test_bov_layers_have_a_table_and_no_w_v():
@@ -211,6 +251,16 @@ def test_add_starts_as_standard_attention_and_fixed_add_is_half_half():
     torch.testing.assert_close(fixed(idx)[0], learned(idx)[0], rtol=0, atol=0)
 
 
+def test_a_fixed_coefficient_is_the_learned_one_at_init():
+    """Table 1's fixed c = 1 is the learned gamma_v at its init, and row 2's gamma_v V starts as the baseline:
+    from one seed, each pair gives the same logits to the bit."""
+    for learned, fixed in (("t1_r02", "baseline"), ("t1_r09", "t1_r08"), ("t1_r06", "t1_r05"), ("bov", "bov_fixed_coeff")):
+        a, b = seeded(7, learned), seeded(7, fixed)
+        _same_nonzero_projections(a, b)
+        idx = batch(a.config)
+        torch.testing.assert_close(a(idx)[0], b(idx)[0], rtol=0, atol=0)
+
+
 def test_the_gate_is_3_sigmoid_of_the_first_12_channels():
     """nanochat's gated value embedding, v = V + 3 sigmoid(W_g x[:12]) E[i]: with W_g = 0 the gate is 1.5
     everywhere, the same model as learned add with a = 1, b = 1.5; W_g reads the layer's normed input."""
@@ -233,6 +283,19 @@ def test_the_gate_is_3_sigmoid_of_the_first_12_channels():
     torch.testing.assert_close(seen["gate"], torch.nn.functional.rms_norm(seen["block"], (48,))[..., :12])
 
 
+def test_the_gate_is_one_scalar_per_head():
+    """v = V + 3 sigmoid(W_g x[:12])_h E[i]_h: head h's slice of the table row has its own gate."""
+    model = build(tiny("value_embed_gated"))
+    attn, (B, T, H, D) = model.blocks[5].attn, (2, 8, 4, 12)
+    idx = batch(model.config, B, T)
+    x = torch.randn(B, T, 48, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    v = attn.value(x, PassContext(ids=idx, x0=None, cos=None, sin=None, pos=0, table_rows=model.table_rows))
+    gate = 3 * torch.sigmoid(x[..., :12] @ attn.ve_gate.weight.T)  # (B, T, H)
+    assert gate.std(dim=-1).min() > 1e-3  # the heads' gates differ
+    rows = model.tables[attn.table_idx].weight[idx].view(B, T, H, D)
+    torch.testing.assert_close(v, (x @ attn.c_v.weight.T).view(B, T, H, D) + gate[..., None] * rows, rtol=1e-12, atol=1e-12)
+
+
 def test_v1_variants_train_layer_0_w_v_through_the_later_layers():
     """V1 is layer 0's V itself, not a detached copy: with layer 0's own output cut (W_O = 0), its W_V
     still gets a gradient, through the target layers that reuse V1."""
@@ -245,9 +308,10 @@ def test_v1_variants_train_layer_0_w_v_through_the_later_layers():
     assert model.blocks[0].attn.c_v.weight.grad.abs().sum() > 0
 
 
-def reference_logits(model, idx):
+def reference_logits(model, idx, windows=None):
     """The baseline trunk written out from the README's list (pre-norm RMSNorm blocks, RoPE with base
-    100,000 then QK-norm, relu^2 MLP, final norm, untied head, soft-cap 15), every window full."""
+    100,000 then QK-norm, relu^2 MLP, final norm, untied head, soft-cap 15), every window full unless
+    windows gives each layer's: the query at p sees the keys at p - window < j <= p."""
     F = torch.nn.functional
     cfg = model.config
     B, T = idx.shape
@@ -261,14 +325,15 @@ def reference_logits(model, idx):
         a, b = t[..., :D // 2], t[..., D // 2:]
         return torch.cat([a * cos + b * sin, b * cos - a * sin], dim=-1)
 
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    back = torch.arange(T)[:, None] - torch.arange(T)[None, :]  # p - j
     x = rms(model.wte.weight[idx])
-    for block in model.blocks:
+    for layer, block in enumerate(model.blocks):
+        seen = (back >= 0) & (back < (T if windows is None else windows[layer]))
         a, h = block.attn, rms(x)
         q = rms(rope((h @ a.c_q.weight.T).view(B, T, H, D))).transpose(1, 2)  # (B, H, T, D)
         k = rms(rope((h @ a.c_k.weight.T).view(B, T, H, D))).transpose(1, 2)
         v = (h @ a.c_v.weight.T).view(B, T, H, D).transpose(1, 2)
-        p = ((q @ k.transpose(-1, -2)) / math.sqrt(D)).masked_fill(~causal, float("-inf")).softmax(-1)
+        p = ((q @ k.transpose(-1, -2)) / math.sqrt(D)).masked_fill(~seen, float("-inf")).softmax(-1)
         x = x + (p @ v).transpose(1, 2).reshape(B, T, H * D) @ a.c_proj.weight.T
         x = x + F.relu(rms(x) @ block.mlp.c_fc.weight.T).square() @ block.mlp.c_proj.weight.T
     return 15 * torch.tanh(rms(x) @ model.lm_head.weight.T / 15)
@@ -282,6 +347,17 @@ def test_the_baseline_trunk_equals_its_written_out_formula():
     logits, _ = model(idx)
     assert logits.abs().max() > 10
     torch.testing.assert_close(logits, reference_logits(model, idx).float(), rtol=1e-5, atol=1e-5)
+
+
+def test_sliding_windows_see_the_last_window_tokens():
+    """SSSL at context 256: layers 0-2 and 4 see the 128 positions up to the query, 3 and 5 all of them. At 129
+    tokens only the last query loses a key (key 0), at 200 the window cuts for most of them."""
+    model = build(tiny("baseline"))
+    for T in (129, 200):
+        idx = batch(model.config, B=1, T=T)
+        expected = reference_logits(model, idx, [128, 128, 128, 256, 128, 256])
+        assert (expected - reference_logits(model, idx)).abs().max() > 1e-3  # the windows matter
+        torch.testing.assert_close(model(idx)[0], expected.float(), rtol=1e-5, atol=1e-5)
 
 
 def test_initial_weights_follow_the_documented_distributions():
@@ -534,10 +610,13 @@ def test_estimate_flops_matches_the_paper_to_the_unit():
 def test_parameter_counts():
     n = GPT.meta(GPTConfig.preset("paper_135m")).num_params()
     assert round(n["dense"] / 1e6, 1) == 135.3 and n["tables"] == 0
+    # the matmul weights (Table 6's base): 12 d^2 a layer (W_Q, W_K, W_V, W_O and the MLP's 8 d^2), and the lm_head
+    assert n["scaling"] == 12 * 12 * 768 ** 2 + 32768 * 768
     assert round(GPT.meta(GPTConfig.preset("paper_780m")).num_params()["dense"] / 1e6, 1) == 780.1
     n = GPT.meta(GPTConfig.preset("paper_135m", "bov")).num_params()
     assert n["tables"] == 4 * 32768 * 768
     assert n["dense"] == 135_266_304 - 4 * 768 * 768 + 4  # four W_V gone, four gamma_v added
+    assert n["scaling"] == (12 * 12 - 4) * 768 ** 2 + 32768 * 768  # neither the gamma_v nor the tables
     assert round(n["dense"] / 1e6, 1) == 132.9 and round(n["tables"] / 1e6, 1) == 100.7
     meta = GPT.meta(GPTConfig.preset("paper_780m", "bov"))
     assert all(p.device.type == "meta" for p in meta.parameters())
@@ -546,7 +625,7 @@ def test_parameter_counts():
     assert (round(n["dense"] / 1e6, 1), round(n["tables"] / 1e6, 1)) == (761.3, 402.7)
 
 
-@pytest.mark.parametrize("variant", ["baseline", "bov", "t1_r13", "value_embed_gated"])
+@pytest.mark.parametrize("variant", ["baseline", "bov", "t1_r13", "value_embed_gated", "t1_r09", "t1_r11", "t1_r02"])
 def test_estimate_flops_against_the_flop_counter(variant):
     cfg = tiny(variant, window_pattern="L", block_size=64)
     model = GPT(cfg)
@@ -667,6 +746,16 @@ def test_cache_overflow_raises():
     (dict(variant="bov", value_mix="mix"), "value_mix"),
     (dict(variant="bov", value_coeff="gated"), "gated"),
     (dict(variant="t1_r09", shared_table=True), "shared_table"),
+    (dict(bov_layers=True), "layer indices in"),  # a bool is no layer index
+    (dict(variant="bov", bov_layers=(-1,)), "layer indices in"),
+    (dict(n_layer=0), "n_layer must be a positive integer"),
+    (dict(n_layer=True), "n_layer must be a positive integer, got True"),
+    (dict(n_embd=12, n_head=4), "head_dim=3 must be even for RoPE"),
+    (dict(window_pattern=""), "window_pattern must be a non-empty string"),
+    (dict(variant="t1_r02", value_mix="add"), "is V \\+ V"),
+    (dict(variant="t1_r02", value_coeff="fixed"), "is standard attention"),
+    (dict(variant="value_embed_gated", value_source="x0"), "it needs value_source 'table'"),
+    (dict(variant="value_embed_gated", n_embd=8, n_head=2), "n_embd must be at least 12"),
 ])
 def test_bad_configs_raise_value_error(kwargs, message):
     kw = dict(kwargs)
@@ -752,7 +841,7 @@ def test_checkpoint_round_trip(tmp_path, monkeypatch):
     path = tmp_path / "ckpt.pt"
     model.save_checkpoint(str(path), step=7)
     loaded, ckpt = GPT.from_checkpoint(str(path))
-    assert ckpt["step"] == 7 and loaded.config == model.config
+    assert ckpt["step"] == 7 and loaded.config == model.config and not loaded.training
     idx = batch(model.config)
     assert torch.equal(loaded(idx)[0], model(idx)[0])
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary file left
@@ -848,6 +937,22 @@ def test_checkpoint_round_trip(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="size mismatch for wte.weight") as e:  # says which entry does not fit
         GPT.from_checkpoint(str(path))
     assert "\n" not in str(e.value)
+
+
+def test_a_checkpoint_keeps_its_layer_list_and_never_unpickles_objects(tmp_path):
+    """bov_layers, a tuple, comes back as one from the checkpoint's dict, with its one shared table; an entry that is a
+    Python object, not tensors and plain values, is refused by the weights-only load, never run."""
+    model = build(tiny("bov_shared_table", bov_layers=(3, 5)))
+    path = str(tmp_path / "ckpt.pt")
+    model.save_checkpoint(path)
+    loaded, _ = GPT.from_checkpoint(path)
+    assert loaded.config == model.config and loaded.config.bov_layers == (3, 5) and len(loaded.tables) == 1
+    idx = batch(model.config)
+    assert torch.equal(loaded(idx)[0], model(idx)[0])
+    model.save_checkpoint(path, args=argparse.Namespace(lr=0.1))
+    with pytest.raises(ValueError, match=re.escape(f"cannot read checkpoint {path}: not a checkpoint train.py wrote, or "
+                                                   "damaged (a weights-only load refused its contents)")):
+        GPT.from_checkpoint(path)
 
 
 def test_a_missing_checkpoint_names_a_train_py_command_only_for_its_own_out_dirs(tmp_path):
