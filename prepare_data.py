@@ -582,7 +582,11 @@ class Source:
             _check_hub()
         else:  # files:GLOB
             pattern = os.path.expanduser(spec[len("files:"):])
-            self.paths = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+            self.paths, seen = [], set()
+            for p in sorted(glob.glob(pattern, recursive=True)):  # ** follows symlinked folders (a loop too):
+                if os.path.isfile(p) and os.path.realpath(p) not in seen:  # each file once, not as train and val
+                    seen.add(os.path.realpath(p))
+                    self.paths.append(p)
             if not self.paths:
                 if os.path.isdir(pattern):  # a folder is no glob of files: say which glob would read it
                     raise DataError(folder_hint(spec[len("files:"):], pattern))

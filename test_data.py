@@ -263,6 +263,18 @@ def test_interrupted_run_resumes(tmp_path, monkeypatch):
     assert {k: v[1] for k, v in clean.items()} == {k: v[1] for k, v in resumed.items()}  # same names, same bytes
 
 
+def test_a_file_reached_through_symlinks_is_read_once(tmp_path):
+    """** follows symlinked folders, here a loop back to the corpus and a link to one file: each file is one
+    source of documents (read again, it would land in both splits)."""
+    (tmp_path / "c" / "sub").mkdir(parents=True)
+    for name in ("a.txt", "sub/b.txt"):
+        (tmp_path / "c" / name).write_text(name)
+    os.symlink(tmp_path / "c", tmp_path / "c" / "sub" / "loop")
+    os.symlink(tmp_path / "c" / "a.txt", tmp_path / "c" / "z.txt")
+    paths = pd.Source(f"files:{tmp_path / 'c'}/**/*.txt", "text", "train").paths
+    assert paths == [str(tmp_path / "c" / "a.txt"), str(tmp_path / "c" / "sub" / "b.txt")]
+
+
 def test_a_resume_refuses_files_that_changed(tmp_path, monkeypatch, capsys):
     """Rows are numbered across the matched files and the val split is chosen by row: a resume after a file
     was added would put val documents into train. It is refused in one line, the folder untouched; with
