@@ -100,7 +100,7 @@ def accounting(variants, configs):
 
 
 def kv_per_token(cfg, dtype):
-    """((2L - n_vfree) d s + 4 if the model has tables) bytes: K and V per layer, no V where V-free."""
+    """((2L - n_vfree) d s + 4 if it caches ids) bytes: K and V per layer, no V where V-free, an int32 id for tables."""
     return cfg.kv_cache_bytes(1, 1, dtype)
 
 

@@ -747,6 +747,7 @@ def test_cache_overflow_raises():
     (dict(variant="bov", value_coeff="gated"), "gated"),
     (dict(variant="t1_r09", shared_table=True), "shared_table"),
     (dict(bov_layers=True), "layer indices in"),  # a bool is no layer index
+    (dict(variant="bov", bov_layers=(True, 5)), "layer indices in"),  # nor inside a list (True was layer 1)
     (dict(variant="bov", bov_layers=(-1,)), "layer indices in"),
     (dict(n_layer=0), "n_layer must be a positive integer"),
     (dict(n_layer=True), "n_layer must be a positive integer, got True"),
