@@ -561,6 +561,35 @@ def folder_hint(given, folder):
             f"below it, e.g. --source={shlex.quote('files:' + glob_)}")
 
 
+def match_files(pattern):
+    """The files glob.glob(pattern, recursive=True) matches, sorted, each real file once (read twice, a file's
+    documents could land in both splits); but a ** enters each real folder once, where glob's follows a
+    symlinked folder every time it meets it (a link back into the corpus: 40 levels deep; two: 2^40 paths)."""
+    parts = pattern.split(os.sep)
+    found = []
+    if "**" in parts:
+        i = parts.index("**")
+        top, rest = os.sep.join(parts[:i]) or (os.sep if i else ""), os.sep.join(parts[i + 1:]) or "*"
+        folders = set()
+        for t in [p for p in glob.glob(top) if os.path.isdir(p)] if glob.has_magic(top) else [top]:
+            for d, subs, _ in os.walk(t or os.curdir, followlinks=True):
+                subs[:] = sorted(s for s in subs if not s.startswith("."))  # as glob's **: no hidden folders
+                if os.path.realpath(d) in folders:
+                    subs[:] = []
+                    continue
+                folders.add(os.path.realpath(d))
+                base = d if t else os.path.relpath(d)  # a leading ** gives paths relative to here, as glob's
+                found += match_files(rest if base == os.curdir else os.path.join(glob.escape(base), rest))
+    else:
+        found = glob.glob(pattern)
+    files, seen = [], set()
+    for p in sorted(found):
+        if os.path.isfile(p) and os.path.realpath(p) not in seen:
+            seen.add(os.path.realpath(p))
+            files.append(p)
+    return files
+
+
 class Source:
     """The rows of one source (spec: a --source value). is_val_candidate(i) says which rows may go
     to val; val takes the candidates from the start until it has val_tokens (None: all of them),
@@ -582,11 +611,7 @@ class Source:
             _check_hub()
         else:  # files:GLOB
             pattern = os.path.expanduser(spec[len("files:"):])
-            self.paths, seen = [], set()
-            for p in sorted(glob.glob(pattern, recursive=True)):  # ** follows symlinked folders (a loop too):
-                if os.path.isfile(p) and os.path.realpath(p) not in seen:  # each file once, not as train and val
-                    seen.add(os.path.realpath(p))
-                    self.paths.append(p)
+            self.paths = match_files(pattern)
             if not self.paths:
                 if os.path.isdir(pattern):  # a folder is no glob of files: say which glob would read it
                     raise DataError(folder_hint(spec[len("files:"):], pattern))

@@ -263,16 +263,23 @@ def test_interrupted_run_resumes(tmp_path, monkeypatch):
     assert {k: v[1] for k, v in clean.items()} == {k: v[1] for k, v in resumed.items()}  # same names, same bytes
 
 
-def test_a_file_reached_through_symlinks_is_read_once(tmp_path):
-    """** follows symlinked folders, here a loop back to the corpus and a link to one file: each file is one
-    source of documents (read again, it would land in both splits)."""
-    (tmp_path / "c" / "sub").mkdir(parents=True)
-    for name in ("a.txt", "sub/b.txt"):
-        (tmp_path / "c" / name).write_text(name)
-    os.symlink(tmp_path / "c", tmp_path / "c" / "sub" / "loop")
-    os.symlink(tmp_path / "c" / "a.txt", tmp_path / "c" / "z.txt")
-    paths = pd.Source(f"files:{tmp_path / 'c'}/**/*.txt", "text", "train").paths
-    assert paths == [str(tmp_path / "c" / "a.txt"), str(tmp_path / "c" / "sub" / "b.txt")]
+def test_a_file_reached_through_symlinks_is_read_once(tmp_path, monkeypatch):
+    """Without links, files: matches what glob.glob does (hidden names, nested and leading **, escaped folders);
+    with two links back into the corpus (2^40 paths to glob) and a link to a file, each file is read once
+    (read again, its documents could land in both splits)."""
+    c = tmp_path / "c"
+    for name in ("a.txt", "b.md", ".h.txt", "s/c.txt", "s/t/d.txt", "s/.hid/e.txt", "s/t/u/f.jsonl", "x[1]/g.txt"):
+        (c / name).parent.mkdir(parents=True, exist_ok=True)
+        (c / name).write_text(name)
+    monkeypatch.chdir(c)
+    for pattern in ("**/*.txt", "**", "*/**/*.txt", "s/**/t/*", "**/t/**/*", "x[[]1]/**/*.txt", "**/.h*"):
+        for p in (pattern, f"{c}/{pattern}"):
+            assert pd.match_files(p) == sorted(f for f in glob.glob(p, recursive=True) if os.path.isfile(f)), p
+    os.symlink(c, c / "s" / "loop")
+    os.symlink(c, c / "loop2")
+    os.symlink(c / "a.txt", c / "z.txt")
+    assert pd.Source(f"files:{c}/**/*.txt", "text", "train").paths == [
+        f"{c}/{name}" for name in ("a.txt", "s/c.txt", "s/t/d.txt", "x[1]/g.txt")]
 
 
 def test_a_resume_refuses_files_that_changed(tmp_path, monkeypatch, capsys):
