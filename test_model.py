@@ -62,9 +62,7 @@ def batch(cfg, B=2, T=40, seed=0):
 def test_sizes_and_variants_are_the_documented_names():
     """The README's variant table lists every preset once (a new variant needs its row there)."""
     assert list(SIZES) == ["paper_135m", "paper_780m", "cpu"]
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")) as f:
-        table = f.read().split("| variant | paper |", 1)[1].split("\n\n", 1)[0]
-    documented = [name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", row.split("|")[1])]
+    documented = [name for names, _, _ in readme_variant_rows() for name in names]
     assert len(documented) == len(set(documented)), "a variant listed twice in the README's table"
     assert not set(VARIANTS) - set(documented), f"VARIANTS not in the README's variant table: {set(VARIANTS) - set(documented)}"
     assert not set(documented) - set(VARIANTS), f"README variants not in VARIANTS: {set(documented) - set(VARIANTS)}"
@@ -80,27 +78,37 @@ def test_sizes_are_the_documented_shapes():
                       "cpu": (6, 192, 6, 32, 256, "SSSL")}
 
 
+def readme_variant_rows():
+    """[(variant names, target layers text, value text)] of the README's variant table."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")) as f:
+        table = f.read().split("| variant | paper |", 1)[1].split("\n\n", 1)[0]
+    rows = [[cell.strip() for cell in row.split("|")[1:-1]] for row in table.splitlines()[2:]]
+    return [(re.findall(r"`(\w+)`", name), layers, value) for name, _, layers, value in rows]
+
+
 def test_variants_are_the_readme_table_rows():
-    """Each preset's target layers (at the 12-layer size) and value formula, as the README's variant table gives them."""
-    last, every, every_but_0, every_other = tuple(range(8, 12)), tuple(range(12)), tuple(range(1, 12)), tuple(range(1, 12, 2))
-    rows = {  # variant: (target layers, V~, replace or add, coefficients, one shared table)
-        "bov": (last, "table", "replace", "learned", False), "t1_r02": (last, "x", "replace", "learned", False),
-        "t1_r03": (every_but_0, "v1", "replace", "fixed", False), "t1_r04": (every_other, "v1", "replace", "learned", False),
-        "t1_r05": (last, "v1", "replace", "fixed", False), "t1_r06": (last, "v1", "replace", "learned", False),
-        "t1_r07": (every_other, "x0", "replace", "learned", False), "t1_r08": (last, "x0", "replace", "fixed", False),
-        "t1_r09": (last, "x0", "replace", "learned", False), "t1_r10": (last, "v1", "add", "fixed", False),
-        "t1_r11": (last, "v1", "add", "learned", False), "t1_r12": (last, "x0", "add", "fixed", False),
-        "t1_r13": (last, "x0", "add", "learned", False), "bov_shared_table": (last, "table", "replace", "learned", True),
-        "bov_fixed_coeff": (last, "table", "replace", "fixed", False), "bov_every_layer": (every, "table", "replace", "learned", False),
-        "bov_keep_v": (last, "table", "add", "learned", False), "value_embed_gated": (every_other, "table", "add", "gated", False),
-        "resformer": (every_but_0, "v1", "add", "fixed", False), "svformer": (every_but_0, "v1", "replace", "fixed", False),
-    }
-    for name in VARIANTS:
-        c = GPTConfig.preset("paper_135m", name)
-        if name in ("baseline", "t1_r01"):
-            assert c.target_layers() == () and c.n_tables() == 0 and not c.v_free_layers()
-        else:
-            assert (c.target_layers(), c.value_source, c.value_mix, c.value_coeff, c.shared_table) == rows[name], name
+    """Each preset's target layers (at the 12-layer size) and value formula are its row of the README's table:
+    E -> a table, x0 W_V -> x0, V1 -> v1, V alone -> x; '+' -> add; gamma or a, b -> learned, 3 sigma -> gated."""
+    named = {"—": (), "last third": tuple(range(8, 12)), "every other": tuple(range(1, 12, 2)),
+             "all but 0": tuple(range(1, 12)), "all": tuple(range(12))}
+    for names, where, values in readme_variant_rows():
+        listed = tuple(int(i) for i in re.findall(r"\d+", where))  # a new variant's own indices, e.g. "4, 5"
+        layers = named.get(where, listed)
+        shared = values.endswith(", one table for all target layers")
+        values = [values.removesuffix(", one table for all target layers")] if shared else values.split(", ")
+        if names[0] == "baseline":
+            values = values * len(names)
+        assert len(values) == len(names), names
+        for name, value in zip(names, values):
+            c = GPTConfig.preset("paper_135m" if max(layers, default=0) < 12 else "paper_780m", name)
+            assert c.target_layers() == layers, name
+            if not layers:
+                assert value == "V" and c.n_tables() == 0 and not c.v_free_layers(), name
+                continue
+            source = "table" if "E" in value else "x0" if "x0" in value else "v1" if "V1" in value else "x"
+            coeff = "gated" if "σ" in value else "learned" if ("γ" in value or "a V" in value) else "fixed"
+            assert (c.value_source, c.value_mix, c.value_coeff, c.shared_table) == (
+                source, "add" if "+" in value else "replace", coeff, shared), name
 
 
 def test_a_preset_that_does_not_fit_names_its_size_and_variant():
