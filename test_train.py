@@ -69,6 +69,7 @@ def test_dry_run_plans_the_papers_135m_budget_fast(capsys):
     assert out.startswith("note: /nonexistent is not prepared yet (`python prepare_data.py --source=... --out_dir=/nonexistent`); "
                           "this plan assumes vocab_size 32768, the size's\n")
     assert "-> 3,766 iterations" in out and "1.97B" in out and "tokens:params 17.9 (over the 110.1" in out
+    assert "plan: 524,288 tokens/step = 16 x 2048 tokens x 16 accumulation x 1 ranks\n" in out  # the split, before a GPU job
     assert time.time() - t < 5  # a meta-device model: nothing allocated, no data read
     train.main(["--size=paper_135m", "--variant=bov", "--dry_run", "--data_dir=/nonexistent"])
     # BoV's lower FLOPs/token (745,537,536) buy more steps for the same 1.5e18 FLOPs

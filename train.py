@@ -700,6 +700,8 @@ def plan(s, model_overrides, world, log):
         raise ConfigError(f"total_batch_tokens {s['total_batch_tokens']:,} is not a multiple of "
                           f"device_batch_size x block_size x ranks = {s['device_batch_size']} x {T} x {world}; "
                           + (f"e.g. --device_batch_size={fits}" if fits else f"give a multiple of {T * world:,}"))
+    log(f"plan: {s['total_batch_tokens']:,} tokens/step = {s['device_batch_size']} x {T} tokens x "
+        f"{s['total_batch_tokens'] // (s['device_batch_size'] * T * world)} accumulation x {world} ranks")
     if s["warmup_iters"] >= iters:
         log(f"WARNING: warmup_iters={s['warmup_iters']} is not below the run's {iters} iterations: the whole run is "
             f"warm-up; lower --warmup_iters or raise the budget")
@@ -839,8 +841,7 @@ def run(argv):
         from eval import load_bundle
         core_bundle, core_tokenizer = on_rank0(ddp, master, lambda: (
             load_bundle(s["eval_bundle"] or None, flag="--eval_bundle"), load_tokenizer(s["data_dir"]))) or (None, None)
-    accum = s["total_batch_tokens"] // (s["device_batch_size"] * T * world)
-    log(f"plan: {s['total_batch_tokens']:,} tokens/step = {s['device_batch_size']} x {T} tokens x {accum} accumulation x {world} ranks")
+    accum = s["total_batch_tokens"] // (s["device_batch_size"] * T * world)  # (printed by plan)
 
     # data
     loader, val, token_bytes, tok_sha, data_counts = load_data(s, meta, model_config, tokens, log)
