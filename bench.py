@@ -39,6 +39,7 @@ size trains at 256), so its sliding windows are a quarter of that, rounded up to
 
 import argparse
 import contextlib
+import difflib
 import json
 import math
 import os
@@ -619,20 +620,24 @@ FIELD_DEFAULTS = {f.name: f.default for f in fields(GPTConfig)}  # GPTConfig's d
 
 def parse_overrides(text):
     """'n_embd=48,n_head=4,vocab_size=97' -> {'n_embd': 48, 'n_head': 4, 'vocab_size': 97} (ints, as train.py reads
-    them, 1e3 too, for GPTConfig's int fields; true/false; else strings): the size both presets share. A variant's own
-    fields would make A and B alike, so they are refused."""
+    them, 1e3 too, for GPTConfig's int fields; else strings): the size both presets share. A variant's own
+    fields would make A and B alike, so they are refused, as are names GPTConfig does not have."""
     out = {}
     for item in filter(None, (t.strip() for t in (text or "").split(","))):
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or not key:
             raise BenchError(f"--config takes key=value pairs separated by commas, got {item!r}")
+        if key not in FIELD_DEFAULTS:
+            shared = [k for k in FIELD_DEFAULTS if k not in VARIANT_FIELDS]
+            near = difflib.get_close_matches(key, shared, n=1, cutoff=0.7)
+            raise BenchError(f"--config: unknown field {key}; " + (f"did you mean {near[0]}? " if near else "")
+                             + f"the fields it sets are {', '.join(shared)}")
         if key in VARIANT_FIELDS:
             raise BenchError(f"--config sets the size both presets share; {key} is a variant's (it would apply to A "
                              f"and B alike): add a variant to VARIANTS in model.py and name it in --variants")
         value = value.strip()
-        bools = {"true": True, "false": False}
-        out[key] = int(value) if re.fullmatch(r"[+-]?\d+", value) else bools.get(value.lower(), value)
+        out[key] = int(value) if re.fullmatch(r"[+-]?\d+", value) else value
         if isinstance(out[key], str) and type(FIELD_DEFAULTS.get(key)) is int:  # 1e3, 2.0: whole numbers; 2.5 stays text
             with contextlib.suppress(ValueError):
                 out[key] = whole_number(value)

@@ -595,13 +595,16 @@ def test_bench_decode_steps_take_turns():
 
 
 def test_bench_config_overrides_and_quartiles():
-    assert bench.parse_overrides("n_head=4, window_pattern=L,x=True,y=false") == dict(n_head=4, window_pattern="L", x=True, y=False)
+    assert bench.parse_overrides("n_head=4, window_pattern=L") == dict(n_head=4, window_pattern="L")
+    with pytest.raises(bench.BenchError, match=r"^--config: unknown field n_layers; did you mean n_layer\? the fields it "
+                                               r"sets are vocab_size, n_layer, n_head, n_embd, block_size, window_pattern$"):
+        bench.parse_overrides("n_layers=4")
     for field in ("bov_layers=4", "value_mix=add", "shared_table=true"):  # they would make the baseline a variant too
         with pytest.raises(bench.BenchError, match=f"^--config sets the size both presets share; {field.split('=')[0]} is a variant's"):
             bench.parse_overrides("n_layer=6," + field)
     with pytest.raises(bench.BenchError, match="key=value pairs separated by commas, got '5'"):
         bench.parse_overrides("n_layer=6,5")
-    assert bench.parse_overrides("n_layer=+6,x=--6,y=-2") == dict(n_layer=6, x="--6", y=-2)  # "--6" is no int for int()
+    assert bench.parse_overrides("n_layer=+6,window_pattern=--6,n_head=-2") == dict(n_layer=6, window_pattern="--6", n_head=-2)
     assert bench.parse_overrides("n_embd=1e3,n_layer=2.0,n_head=2.5,window_pattern=1e3") == dict(  # as train.py reads
         n_embd=1000, n_layer=2, n_head="2.5", window_pattern="1e3")  # an int field's whole numbers; 2.5 left to GPTConfig
     with pytest.raises(ValueError, match="shared_table must be True or False"):
