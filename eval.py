@@ -32,6 +32,7 @@ always come from the whole task, so an item's prompt is the same in a subset as 
 
 import argparse
 import csv
+import difflib
 import os
 import random
 import shutil
@@ -234,9 +235,13 @@ def load_task(bundle, label):
 def check_tasks(tasks):
     """The task labels as a list (None: all 21); EvalError for an unknown one."""
     tasks = list(TASKS) if tasks is None else list(dict.fromkeys(tasks))  # each task once, in the order given
+    if not tasks:
+        raise EvalError(f"--tasks names no task; the tasks are {', '.join(TASKS)} (leave --tasks out for all)")
     unknown = [t for t in tasks if t not in TASKS]
-    if unknown or not tasks:
-        raise EvalError(f"unknown task(s) {', '.join(unknown) or '(none given)'}; the tasks are {', '.join(TASKS)}")
+    if unknown:
+        near = [m for t in unknown for m in difflib.get_close_matches(t, TASKS, n=1, cutoff=0.7)]
+        raise EvalError(f"unknown task(s) {', '.join(unknown)}; " + (f"did you mean {', '.join(near)}? " if near else "")
+                        + f"the tasks are {', '.join(TASKS)}")
     return tasks
 
 
