@@ -990,7 +990,7 @@ def describe_presets(size):
 if __name__ == "__main__":
     import argparse
     signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
-    ap = argparse.ArgumentParser(description="List the model presets (sizes x variants) with parameters and FLOPs/token.")
+    ap = argparse.ArgumentParser(allow_abbrev=False, description="List the model presets (sizes x variants) with parameters and FLOPs/token.")
     ap.add_argument("--size", default="paper_135m", choices=list(SIZES))
     args = ap.parse_args()
     try:

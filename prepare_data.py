@@ -1109,7 +1109,7 @@ def _count(s):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
+    p = argparse.ArgumentParser(allow_abbrev=False,
         description="Prepare tokenized data for bov. With no arguments: Shakespeare (offline) -> data/shakespeare.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="""sources:

@@ -187,7 +187,7 @@ def rate(tokens, seconds):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
+    p = argparse.ArgumentParser(allow_abbrev=False,
         description="Sample text from a bov checkpoint, streamed to stdout; timings go to stderr.",
         epilog="A prompt longer than the model's context (block_size tokens, <|bos|> included) is cropped "
                "to <|bos|> and its last block_size - 1 tokens, with a warning. Generation past the context goes on: when "

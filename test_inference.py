@@ -888,3 +888,12 @@ def test_sigterm_while_a_png_is_written_leaves_no_temporary(tmp_path):
               f"runpy.run_path({os.path.join(HERE, 'bench.py')!r}, run_name='__main__')\n")
     r = finish(subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), 120)
     assert r.returncode == 143 and os.listdir(tmp_path / "plots") == [], r.stderr[-500:]
+
+
+@pytest.mark.parametrize("parse, flag, value", [(sample.parse_args, "--num_sample", "2"), (bench.parse_args, "--round", "2"),
+                                                (prepare_data.parse_args, "--vocab", "512")])
+def test_a_shortened_flag_is_refused_not_guessed(parse, flag, value, capsys):
+    """argparse would take --num_sample for --num_samples; train.py refuses near misses, so the others do too."""
+    with pytest.raises(SystemExit) as e:
+        parse([flag, value])
+    assert e.value.code == 2 and f"unrecognized arguments: {flag}" in capsys.readouterr().err
