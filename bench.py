@@ -630,7 +630,7 @@ def parse_overrides(text):
             raise BenchError(f"--config takes key=value pairs separated by commas, got {item!r}")
         if key not in FIELD_DEFAULTS:
             shared = [k for k in FIELD_DEFAULTS if k not in VARIANT_FIELDS]
-            near = difflib.get_close_matches(key, shared, n=1, cutoff=0.7)
+            near = difflib.get_close_matches(key, list(FIELD_DEFAULTS), n=1, cutoff=0.7)  # bov_layer: bov_layers
             raise BenchError(f"--config: unknown field {key}; " + (f"did you mean {near[0]}? " if near else "")
                              + f"the fields it sets are {', '.join(shared)}")
         if key in VARIANT_FIELDS:

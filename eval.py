@@ -239,9 +239,9 @@ def check_tasks(tasks):
         raise EvalError(f"--tasks names no task; the tasks are {', '.join(TASKS)} (leave --tasks out for all)")
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
-        near = [m for t in unknown for m in difflib.get_close_matches(t, TASKS, n=1, cutoff=0.7)]
-        raise EvalError(f"unknown task(s) {', '.join(unknown)}; " + (f"did you mean {', '.join(near)}? " if near else "")
-                        + f"the tasks are {', '.join(TASKS)}")
+        near = {t: difflib.get_close_matches(t, TASKS, n=1, cutoff=0.7) for t in unknown}
+        named = ", ".join(t + (f" (did you mean {near[t][0]}?)" if near[t] else "") for t in unknown)
+        raise EvalError(f"unknown task(s) {named}; the tasks are {', '.join(TASKS)}")
     return tasks
 
 

@@ -565,13 +565,16 @@ def match_files(pattern):
     """The files glob.glob(pattern, recursive=True) matches, sorted, each real file once (read twice, a file's
     documents could land in both splits); but a ** enters each real folder once, where glob's follows a
     symlinked folder every time it meets it (a link back into the corpus: 40 levels deep; two: 2^40 paths)."""
+    if pattern.endswith(os.sep):  # glob matches only folders then
+        return []
     parts = pattern.split(os.sep)
     found = []
     if "**" in parts:
         i = parts.index("**")
-        top, rest = os.sep.join(parts[:i]) or (os.sep if i else ""), os.sep.join(parts[i + 1:]) or "*"
+        top = os.sep.join(parts[:i]) or (os.sep if i else "")
+        rest = os.sep.join(p for p in parts[i + 1:] if p) or "*"  # 'a/**//b' is 'a/**/b' to glob
         folders = set()
-        for t in [p for p in glob.glob(top) if os.path.isdir(p)] if glob.has_magic(top) else [top]:
+        for t in sorted(p for p in glob.glob(top) if os.path.isdir(p)) if glob.has_magic(top) else [top]:
             for d, subs, _ in os.walk(t or os.curdir, followlinks=True):
                 subs[:] = sorted(s for s in subs if not s.startswith("."))  # as glob's **: no hidden folders
                 if os.path.realpath(d) in folders:
@@ -579,7 +582,7 @@ def match_files(pattern):
                     continue
                 folders.add(os.path.realpath(d))
                 base = d if t else os.path.relpath(d)  # a leading ** gives paths relative to here, as glob's
-                found += match_files(rest if base == os.curdir else os.path.join(glob.escape(base), rest))
+                found += match_files(rest if not t and base == os.curdir else os.path.join(glob.escape(base), rest))
     else:
         found = glob.glob(pattern)
     files, seen = [], set()

@@ -400,7 +400,7 @@ def test_bad_tasks_bundles_and_items_are_one_line_errors(tmp_path):
     bundle = write_bundle(tmp_path, {"copa": fixture_items("copa", 3)})
     cases = [
         (dict(tasks=["copa", "mmlu"]), "unknown task(s) mmlu"),
-        (dict(tasks=["arc_esay"]), "unknown task(s) arc_esay; did you mean arc_easy? the tasks are jeopardy"),
+        (dict(tasks=["xyz", "arc_esay"]), "unknown task(s) xyz, arc_esay (did you mean arc_easy?); the tasks are jeopardy"),
         (dict(tasks=["copa", "winograd"]), "eval_data lacks language_understanding/winograd_wsc.jsonl"),
         (dict(tasks=["copa"], max_per_task=0), "max_per_task"),
     ]

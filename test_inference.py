@@ -599,6 +599,8 @@ def test_bench_config_overrides_and_quartiles():
     with pytest.raises(bench.BenchError, match=r"^--config: unknown field n_layers; did you mean n_layer\? the fields it "
                                                r"sets are vocab_size, n_layer, n_head, n_embd, block_size, window_pattern$"):
         bench.parse_overrides("n_layers=4")
+    with pytest.raises(bench.BenchError, match=r"^--config: unknown field bov_layer; did you mean bov_layers\? "):
+        bench.parse_overrides("bov_layer=4")  # a variant's field, which the next try then hears is not --config's
     for field in ("bov_layers=4", "value_mix=add", "shared_table=true"):  # they would make the baseline a variant too
         with pytest.raises(bench.BenchError, match=f"^--config sets the size both presets share; {field.split('=')[0]} is a variant's"):
             bench.parse_overrides("n_layer=6," + field)
