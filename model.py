@@ -170,7 +170,8 @@ class GPTConfig:
         if isinstance(spec, str):
             if spec not in ("last_third", "every_other", "all", "none"):
                 bad(f"bov_layers must be 'last_third', 'every_other', 'all', 'none' or a list of layer indices, got {spec!r}")
-        elif not (isinstance(spec, tuple) and spec and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.n_layer for i in spec)):
+        elif not (isinstance(spec, tuple) and spec and all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.n_layer for i in spec)):
             bad(f"bov_layers as a list must hold layer indices in [0, {self.n_layer}), got {spec!r}")
         targets = self.target_layers()
         if self.value_source == "v1" and 0 in targets:
@@ -990,7 +991,8 @@ def describe_presets(size):
 if __name__ == "__main__":
     import argparse
     signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
-    ap = argparse.ArgumentParser(allow_abbrev=False, description="List the model presets (sizes x variants) with parameters and FLOPs/token.")
+    ap = argparse.ArgumentParser(allow_abbrev=False,
+                                 description="List the model presets (sizes x variants) with parameters and FLOPs/token.")
     ap.add_argument("--size", default="paper_135m", choices=list(SIZES))
     args = ap.parse_args()
     try:

@@ -115,8 +115,9 @@ def lock_folder(folder, exclusive, busy):
     """Lock `folder` until the returned file is closed or this process ends (the kernel drops the lock
     of a killed one): exclusive for a writer (prepare_data.py in its --out_dir, train.py in its
     --out_dir), shared for a reader (train.py on its data). DataError(busy) if another process holds a
-    lock that conflicts (any lock, against an exclusive one; an exclusive one, against a shared one). Returns the open lock file, to be kept; None for a folder where no lock file
-    can be made (read-only: nobody writes there either)."""
+    lock that conflicts (any lock, against an exclusive one; an exclusive one, against a shared one).
+    Returns the open lock file, to be kept; None for a folder where no lock file can be made (read-only:
+    nobody writes there either)."""
     path = os.path.join(folder, LOCK)
     try:
         f = open(path, "a")
