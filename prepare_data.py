@@ -576,14 +576,18 @@ def match_files(pattern):
         rest = os.sep.join(p for p in parts[i + 1:] if p) or "*"  # 'a/**//b' is 'a/**/b' to glob
         folders = set()
         for t in sorted(p for p in glob.glob(top) if os.path.isdir(p)) if glob.has_magic(top) else [top]:
-            for d, subs, _ in os.walk(t or os.curdir, followlinks=True):
-                subs[:] = sorted(s for s in subs if not s.startswith("."))  # as glob's **: no hidden folders
+            stack = [t or os.curdir]
+            while stack:  # every folder below t, depth first in name order, each real one once
+                d = stack.pop()
                 if os.path.realpath(d) in folders:
-                    subs[:] = []
                     continue
                 folders.add(os.path.realpath(d))
-                base = d if t else os.path.relpath(d)  # a leading ** gives paths relative to here, as glob's
-                found += match_files(rest if not t and base == os.curdir else os.path.join(glob.escape(base), rest))
+                here = not t and d == os.curdir  # a leading **: paths relative to here, as glob's
+                found += match_files(rest if here else os.path.join(glob.escape(d), rest))
+                with contextlib.suppress(OSError):  # a folder that cannot be listed may still hold rest's literal names
+                    stack += sorted((e.name if here else e.path for e in os.scandir(d)
+                                     if e.is_dir() and not e.name.startswith(".")),  # as glob's **: symlinked folders
+                                    reverse=True)  # followed, hidden ones not
     else:
         found = glob.glob(pattern)
     files, seen = [], set()
