@@ -903,3 +903,134 @@ def test_max_per_task_alone_never_replaces_a_full_result(tmp_path, monkeypatch):
     ev.main(["--ckpt", str(ckpt), "--max_per_task", "3", "--device", "cpu"])
     assert (tmp_path / "core_eval.json").read_text() == "the full result"
     assert json.loads((tmp_path / "core_eval_partial.json").read_text())["max_per_task"] == 3
+
+
+# ---------------------------------------------------------------------------- scoring and input details
+
+def test_a_one_byte_choice_is_divided_by_its_one_byte():
+    """Mutant (per_byte): at least 2 bytes instead of 1. "z" is one wrong token, BAD per byte; "az" is
+    (GOOD + BAD) / 2, so "az" wins; halving the one byte's loss would make "z" win (BAD / 2 < (GOOD + BAD) / 2)."""
+    task, tok = ev.TASKS["copa"], CharTokenizer()
+    item = {"query": "q", "choices": ["z", "az"], "gold": 1}
+    rows = ev.encode(task, ev.render(task, item, []), tok, 99)
+    assert [ev.per_byte(12.0, row, tok) for row in rows] == [12.0, 6.0]
+    assert ev.per_byte(12.0, ([0, 97], 1, 1), tok) == 12.0  # an empty span: divided by 1, not 0
+    assert ev.evaluate_task(RuleModel(), tok, "copa", [item]) == 1.0
+
+
+def test_half_precision_logits_are_scored_in_float32():
+    """Mutant (score): the loss taken in the logits' own bf16, where BAD (~10.006) rounds to 10.0 and
+    GOOD loses its fourth digit."""
+    class Bf16(RuleModel):
+        def forward(self, idx):
+            logits, _ = super().forward(idx)
+            return logits.bfloat16(), None  # 0 and 10: exact in bf16
+    task = ev.TASKS["copa"]
+    rows = ev.encode(task, ev.render(task, {"query": "q", "choices": ["az", "abc"], "gold": 0}, []), CharTokenizer(), 99)
+    losses, right = ev.score(Bf16(), rows, 2, "cpu", 0)
+    assert losses == pytest.approx([BAD, 2 * GOOD], rel=1e-6) and right == [False, True]  # after the shared "q a": "z", "bc"
+
+
+def test_meta_data_labels_are_trimmed_and_a_missing_column_is_one_line(tmp_path):
+    """Mutants (load_baselines): labels not stripped (" copa " then has no baseline); a negative baseline
+    accepted; a KeyError for a missing column escapes as a traceback instead of an EvalError."""
+    bundle = write_bundle(tmp_path, {"copa": fixture_items("copa", 3)}, baselines={"copa": 50, "winograd": 60})
+    meta = tmp_path / "eval_bundle" / "eval_meta_data.csv"
+    meta.write_text(meta.read_text().replace("\ncopa,", "\n copa ,"))
+    assert ev.load_baselines(bundle) == {"copa": 0.5, "winograd": 0.6}
+    write_bundle(tmp_path, {"copa": fixture_items("copa", 3)}, baselines={"copa": -5})  # (acc + 0.05) / 1.05: not centered
+    with pytest.raises(ev.EvalError, match=r"the random baseline of copa is -5%, not in \[0, 100\)$"):
+        ev.load_baselines(bundle)
+    meta.write_text("Eval Task,Random\ncopa,50\n")
+    with pytest.raises(ev.EvalError, match=r"eval_meta_data.csv is unreadable \(KeyError: 'Random baseline'\); it needs "
+                       r"the columns 'Eval Task' and 'Random baseline'$"):
+        ev.load_baselines(bundle)
+
+
+def test_items_that_cannot_be_scored_and_folders_that_are_no_bundle_are_refused(tmp_path):
+    """Mutants (item_problem, load_task, bundle_problem): a negative gold (choices[-1] in a shot, never
+    right as an item), a bool gold among two choices, choices given as one string (scored letter by
+    letter), an empty task file (a ZeroDivisionError), and a bundle without eval_data/ all let through."""
+    bundle = write_bundle(tmp_path, {"copa": fixture_items("copa", 3)})
+    path = tmp_path / "eval_bundle" / "eval_data" / ev.TASKS["copa"].path
+    for line, msg in (('{"query": "q", "choices": ["a", "b"], "gold": -1}', "gold -1 is not an index into its 2 options"),
+                      ('{"query": "q", "choices": ["a", "b"], "gold": false}', "gold False is not an index into its 2 options"),
+                      ('{"query": "q", "choices": "ab", "gold": 0}', "the fields query, choices, gold must be text")):
+        path.write_text(line + "\n")
+        with pytest.raises(ev.EvalError, match=f"copa.jsonl:1: {msg}"):
+            ev.load_task(bundle, "copa")
+    path.write_text("")
+    with pytest.raises(ev.EvalError, match=f"^{path} holds no items$"):
+        ev.load_task(bundle, "copa")
+    (tmp_path / "csv_only").mkdir()
+    (tmp_path / "csv_only" / "eval_meta_data.csv").write_text("Eval Task,Random baseline\n")
+    with pytest.raises(ev.EvalError, match=f"^--bundle: {tmp_path / 'csv_only'} has no eval_data;"):
+        ev.get_bundle(str(tmp_path / "csv_only"))
+
+
+def test_a_task_named_twice_is_evaluated_once(tmp_path):
+    """Mutant (check_tasks): duplicates kept; the results dict hid them, but the task was scored twice."""
+    assert ev.check_tasks(["copa", "squad", "copa"]) == ["copa", "squad"]
+    items = fixture_items("copa", 4)
+    model = RuleModel()
+    ev.evaluate_core(model, CharTokenizer(), write_bundle(tmp_path, {"copa": items}), tasks=["copa", "copa"], batch_size=1)
+    assert len(model.seen) == sum(len(it["choices"]) for it in items)
+
+
+def test_the_task_files_are_where_the_dclm_bundle_keeps_them():
+    """Mutant (TASKS): a path changed; write_bundle puts the fixtures wherever TASKS says, so only a
+    real bundle would notice. The layout of DCLM's eval_data (nanochat's core.yaml dataset_uri)."""
+    wk, cr, lu, sp, rc = ("world_knowledge", "commonsense_reasoning", "language_understanding",
+                          "symbolic_problem_solving", "reading_comprehension")
+    files = {"jeopardy": f"{wk}/jeopardy_all", "bigbench_qa_wikidata": f"{wk}/bigbench_qa_wikidata",
+             "arc_easy": f"{wk}/arc_easy", "arc_challenge": f"{wk}/arc_challenge", "copa": f"{cr}/copa",
+             "commonsense_qa": f"{cr}/commonsense_qa", "piqa": f"{cr}/piqa", "openbook_qa": f"{cr}/openbook_qa",
+             "lambada_openai": f"{lu}/lambada_openai", "hellaswag": f"{lu}/hellaswag", "winograd": f"{lu}/winograd_wsc",
+             "winogrande": f"{lu}/winogrande", "bigbench_dyck_languages": f"{sp}/bigbench_dyck_languages",
+             "agi_eval_lsat_ar": f"{sp}/agi_eval_lsat_ar", "bigbench_cs_algorithms": f"{sp}/bigbench_cs_algorithms",
+             "bigbench_operators": f"{sp}/bigbench_operators", "bigbench_repeat_copy_logic": f"{sp}/bigbench_repeat_copy_logic",
+             "squad": f"{rc}/squad", "coqa": f"{rc}/coqa", "boolq": f"{rc}/boolq",
+             "bigbench_language_identification": f"{lu}/bigbench_language_identification"}
+    assert {t: task.path for t, task in ev.TASKS.items()} == {t: f + ".jsonl" for t, f in files.items()}
+
+
+def test_the_table_names_a_full_run_core_and_a_partial_one_what_it_covered():
+    """Mutants (format_table): every table called "CORE (n of 21 tasks)", or the item cap left out."""
+    row = dict(kind="mc", shots=0, items=4, random_baseline=0.5, accuracy=0.75, centered=0.5)
+    full = {"core": 0.5, "tasks": dict.fromkeys(ev.TASKS, row), "max_per_task": None}
+    last = lambda result: ev.format_table(result).splitlines()[-1].rsplit(None, 1)
+    assert last(full) == ["CORE", "+0.5000"]
+    capped = dict(full, max_per_task=4)
+    assert last(capped) == ["CORE, at most 4 items per task", "+0.5000"]
+    assert last(dict(capped, tasks={"copa": row, "piqa": row})) == ["CORE (2 of 21 tasks), at most 4 items per task", "+0.5000"]
+
+
+def test_a_batch_size_below_one_is_a_usage_error(tmp_path, capsys):
+    """Mutant (main): --batch_size 0 let through, to fail later as `range() arg 3 must not be zero`."""
+    empty_zip(tmp_path / "ckpt.pt")
+    with pytest.raises(SystemExit) as e:
+        ev.main(["--ckpt", str(tmp_path / "ckpt.pt"), "--batch_size", "0", "--bundle", str(tmp_path / "nowhere")])
+    assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith("error: --batch_size must be at least 1")
+
+
+def test_the_results_name_the_bundle_and_checkpoint_by_absolute_paths(tmp_path, monkeypatch):
+    """Mutants (evaluate_core, main): "bundle" and "ckpt" recorded as given, relative to a folder the
+    results file does not name."""
+    a_run_that_loads_nothing(tmp_path, monkeypatch)  # b/eval_bundle, run/ckpt.pt
+    monkeypatch.chdir(tmp_path)
+    res = ev.evaluate_core(RuleModel(), CharTokenizer(), "b/eval_bundle", tasks=["copa"])
+    assert res["bundle"] == str(tmp_path / "b" / "eval_bundle")
+    monkeypatch.setattr(ev, "evaluate_core", lambda *a, **k: res)
+    ev.main(["--ckpt", "run/ckpt.pt", "--bundle", "b/eval_bundle", "--tasks", "copa", "--device", "cpu"])
+    assert json.loads((tmp_path / "run" / "core_eval_partial.json").read_text())["ckpt"] == str(tmp_path / "run" / "ckpt.pt")
+
+
+def test_an_error_of_several_lines_is_reported_by_its_first(tmp_path, monkeypatch):
+    """Mutant (main): the whole str(e) after "eval.py: error:", e.g. torch's CUDA hints on further lines."""
+    bundle, ckpt = a_run_that_loads_nothing(tmp_path, monkeypatch)
+    for error, said in ((RuntimeError("\nCUDA error: device-side assert triggered\nCompile with TORCH_USE_CUDA_DSA\n"),
+                         "CUDA error: device-side assert triggered"), (ValueError(""), "ValueError")):
+        monkeypatch.setattr(ev, "evaluate_core", lambda *a, e=error, **k: (_ for _ in ()).throw(e))
+        with pytest.raises(SystemExit) as e:
+            ev.main(["--ckpt", str(ckpt), "--device", "cpu", "--bundle", str(bundle)])
+        assert e.value.code == f"eval.py: error: {said}"
