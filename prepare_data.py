@@ -584,10 +584,13 @@ def match_files(pattern):
                 folders.add(os.path.realpath(d))
                 here = not t and d == os.curdir  # a leading **: paths relative to here, as glob's
                 found += match_files(rest if here else os.path.join(glob.escape(d), rest))
-                with contextlib.suppress(OSError):  # a folder that cannot be listed may still hold rest's literal names
-                    stack += sorted((e.name if here else e.path for e in os.scandir(d)
-                                     if e.is_dir() and not e.name.startswith(".")),  # as glob's **: symlinked folders
-                                    reverse=True)  # followed, hidden ones not
+                subs = []
+                with contextlib.suppress(OSError), os.scandir(d) as entries:  # a folder that cannot be listed may
+                    for e in entries:  # still hold rest's literal names
+                        with contextlib.suppress(OSError):  # a link to itself, or into a folder we may not search
+                            if e.is_dir() and not e.name.startswith("."):  # as glob's **: symlinked folders
+                                subs.append(e.name if here else e.path)  # followed, hidden ones not
+                stack += sorted(subs, reverse=True)
     else:
         found = glob.glob(pattern)
     files, seen = [], set()
