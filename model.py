@@ -150,9 +150,10 @@ class GPTConfig:
         """Raise ValueError, saying what and why, for a configuration that makes no sense."""
         def bad(msg):
             raise ValueError(f"bad GPTConfig: {msg}")
+        whole = lambda x: isinstance(x, int) and not isinstance(x, bool)  # True is an int to Python
         for name in ("vocab_size", "n_layer", "n_head", "n_embd", "block_size"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:  # True is an int to Python
+            if not whole(value) or value <= 0:
                 bad(f"{name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head:
             bad(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
@@ -170,8 +171,7 @@ class GPTConfig:
         if isinstance(spec, str):
             if spec not in ("last_third", "every_other", "all", "none"):
                 bad(f"bov_layers must be 'last_third', 'every_other', 'all', 'none' or a list of layer indices, got {spec!r}")
-        elif not (isinstance(spec, tuple) and spec and all(
-                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.n_layer for i in spec)):
+        elif not (isinstance(spec, tuple) and spec and all(whole(i) and 0 <= i < self.n_layer for i in spec)):
             bad(f"bov_layers as a list must hold layer indices in [0, {self.n_layer}), got {spec!r}")
         targets = self.target_layers()
         if self.value_source == "v1" and 0 in targets:

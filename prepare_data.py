@@ -579,9 +579,10 @@ def match_files(pattern):
             stack = [t or os.curdir]
             while stack:  # every folder below t, depth first in name order, each real one once
                 d = stack.pop()
-                if os.path.realpath(d) in folders:
+                real = os.path.realpath(d)
+                if real in folders:
                     continue
-                folders.add(os.path.realpath(d))
+                folders.add(real)
                 here = not t and d == os.curdir  # a leading **: paths relative to here, as glob's
                 found += match_files(rest if here else os.path.join(glob.escape(d), rest))
                 subs = []
@@ -595,8 +596,9 @@ def match_files(pattern):
         found = glob.glob(pattern)
     files, seen = [], set()
     for p in sorted(found):
-        if os.path.isfile(p) and os.path.realpath(p) not in seen:
-            seen.add(os.path.realpath(p))
+        real = os.path.realpath(p)
+        if os.path.isfile(p) and real not in seen:
+            seen.add(real)
             files.append(p)
     return files
 

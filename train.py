@@ -645,7 +645,8 @@ def setup_device(s):
 # the run: its stages (plan, out_dir, data, resume, the model the loop calls), main() and run()
 
 def plan(s, model_overrides, world, log):
-    """The model and the budget, printed -> (meta, model_config, flops_per_token, iters, tokens).
+    """The model and the budget, printed -> (meta, model_config, flops_per_token, iters, tokens, accum), accum the
+    gradient-accumulation steps that split a step's batch over device batches and ranks.
 
     Needs only the model's shapes (a meta-device model) and of the data only meta.json; meta is None
     for a dry run without the data."""
@@ -700,15 +701,16 @@ def plan(s, model_overrides, world, log):
         raise ConfigError(f"total_batch_tokens {s['total_batch_tokens']:,} is not a multiple of "
                           f"device_batch_size x block_size x ranks = {s['device_batch_size']} x {T} x {world}; "
                           + (f"e.g. --device_batch_size={fits}" if fits else f"give a multiple of {T * world:,}"))
-    log(f"plan: {s['total_batch_tokens']:,} tokens/step = {s['device_batch_size']} x {T} tokens x "
-        f"{s['total_batch_tokens'] // (s['device_batch_size'] * T * world)} accumulation x {world} ranks")
+    accum = s["total_batch_tokens"] // (s["device_batch_size"] * T * world)
+    log(f"plan: {s['total_batch_tokens']:,} tokens/step = {s['device_batch_size']} x {T} tokens x {accum} accumulation "
+        f"x {world} ranks")
     if s["warmup_iters"] >= iters:
         log(f"WARNING: warmup_iters={s['warmup_iters']} is not below the run's {iters} iterations: the whole run is "
             f"warm-up; lower --warmup_iters or raise the budget")
     if s["dry_run"] and meta is not None and tokens > meta["train_tokens"]:  # the real run counts rows (padding included)
         log(f"WARNING: this run would read about {tokens / meta['train_tokens']:.2f} epochs of {s['data_dir']} "
             f"({meta['train_tokens']:,} train tokens); {EPOCH_ADVICE}")
-    return meta, model_config, flops_per_token, iters, tokens
+    return meta, model_config, flops_per_token, iters, tokens, accum
 
 
 def claim_out_dir(s, made, ddp, master, ckpt_path):
@@ -826,10 +828,9 @@ def run(argv):
     log = print if master else (lambda *a, **k: None)
 
     # the plan: printed, and all a dry run does
-    meta, model_config, flops_per_token, iters, tokens = plan(s, model_overrides, world, log)
+    meta, model_config, flops_per_token, iters, tokens, accum = plan(s, model_overrides, world, log)
     if s["dry_run"]:
         return None
-    T = model_config.block_size
 
     # the device (DDP starts here), out_dir and what CORE needs
     # what out_dir_problem will make, seen before any rank makes it (init_process_group waits for every rank)
@@ -841,7 +842,6 @@ def run(argv):
         from eval import load_bundle
         core_bundle, core_tokenizer = on_rank0(ddp, master, lambda: (
             load_bundle(s["eval_bundle"] or None, flag="--eval_bundle"), load_tokenizer(s["data_dir"]))) or (None, None)
-    accum = s["total_batch_tokens"] // (s["device_batch_size"] * T * world)  # (printed by plan)
 
     # data
     loader, val, token_bytes, tok_sha, data_counts = load_data(s, meta, model_config, tokens, log)
