@@ -538,7 +538,7 @@ def test_dtype_sets_the_autocast_of_training(data_dir):
         train.on_rank0(False, True, lambda: (_ for _ in ()).throw(train.ConfigError("no")))
 
 
-def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
+def test_bad_input_gives_one_clear_line(data_dir, tmp_path, capsys, monkeypatch):
     out = str(tmp_path / "run")
     base = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=2"]
 
@@ -615,7 +615,12 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path):
     torch.save(renamed, ckpt)
     train.main([*base, "--resume"])  # (finished already: no step)
     open(ckpt, "wb").write(before)
-    assert error([*base, "--resume", "--seed=4"]).endswith("other settings (seed=3 there, 4 here); use the same ones (--seed=3)")
+    capsys.readouterr()
+    with monkeypatch.context() as m:  # refused before the data is loaded or the model built (a 780M takes a while)
+        m.setattr(train, "load_data", None)  # (it comes before the model)
+        assert error([*base, "--resume", "--seed=4"]).endswith("other settings (seed=3 there, 4 here); use the same ones (--seed=3)")
+        assert error(base).endswith("exists; pass --resume to continue that run, or choose another --out_dir")
+    assert "\ndata: " not in capsys.readouterr().out
     assert error([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--target_flops=1e7", "--resume"]).endswith(
         "other settings (target_flops=0 there, 1e+07 here, max_iters=2 there, 0 here); use the same ones (--max_iters=2) "
         "(the learning-rate schedule is planned from the budget, so a run cannot be lengthened)")  # flags to paste

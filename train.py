@@ -100,7 +100,7 @@ EPOCH_ADVICE = ("the paper's regime is a single epoch and BoV's tables memorise 
                 "Lower the budget or prepare more data.")
 # What main() cleans up and stopped_note() reports, whenever run() stops: "ckpt" and "eval_interval" (for the
 # Ctrl-C line; set by run() and plan()), "out_lock" / "data_lock" (the folder locks that claim_out_dir() and
-# load_data() hold), "made" (the out_dir this run created), "signal" (the stop signal that arrived, from
+# lock_data() hold), "made" (the out_dir this run created), "signal" (the stop signal that arrived, from
 # stop_signal()), "rank" and "alike" (under torchrun, rank 0 alone prints a stop line, or an error that every
 # rank meets alike: on one machine, any but one GPU's; on several, a loss that is no longer finite).
 RUN = {"ckpt": None}
@@ -456,7 +456,7 @@ def set_rng_states(states):
 DATA_COUNTS = ("train_tokens", "val_tokens", "train_docs", "val_docs")  # with the tokenizer's SHA-256: which data a run read
 
 
-def load_resume(path, s, model_config, tok_sha, data_counts):
+def load_resume(path, s, model_config, tok_sha, data_counts, iters):
     """The checkpoint to continue, after checking it belongs to this run."""
     if not os.path.exists(path):
         raise ConfigError(f"--resume: no checkpoint at {path}")
@@ -519,6 +519,8 @@ def load_resume(path, s, model_config, tok_sha, data_counts):
                           + (f" ({flags})" if flags else "")
                           + (" (the learning-rate schedule is planned from the budget, so a run cannot be lengthened)"
                              if any(k in budgets for k in differ) else ""))
+    if not 0 <= ckpt["step"] <= iters:
+        raise ConfigError(f"--resume: {path} is at step {ckpt['step']}, outside this run's 0..{iters} iterations; it is damaged")
     return ckpt
 
 
@@ -733,32 +735,43 @@ def claim_out_dir(s, made, ddp, master, ckpt_path):
     on_rank0(ddp, master, claim)
 
 
-def load_data(s, meta, model_config, tokens, log):
-    """Lock the data folder for reading and load it -> (loader, val, token_bytes, tok_sha, data_counts)."""
-    T = model_config.block_size
+def lock_data(s, meta):
+    """Lock the data folder for reading -> (tok_sha, data_counts), which data this run reads: a checkpoint records
+    them, sample.py and eval.py check the tokenizer's hash, and a resume checks both."""
     RUN["data_lock"] = lock_folder(s["data_dir"], False, f"{s['data_dir']} is being written by prepare_data.py; "
                                                          f"wait for it to finish")  # and it waits for this run
+    return tokenizer_sha256(s["data_dir"]), {k: meta[k] for k in DATA_COUNTS}
+
+
+def load_data(s, meta, model_config, tokens, log):
+    """Load the (locked) data folder -> (loader, val, token_bytes)."""
+    T = model_config.block_size
     loader = Batches(load_tokens(s["data_dir"], "train"), meta["bos_id"], T, s["seed"])
     val = val_rows(load_tokens(s["data_dir"], "val"), T, s["eval_tokens"])
     token_bytes = load_token_bytes(s["data_dir"])
-    tok_sha = tokenizer_sha256(s["data_dir"])  # recorded in the checkpoint: sample.py and eval.py check it
-    data_counts = {k: meta[k] for k in DATA_COUNTS}  # recorded too: a resume checks it reads the same data
     epoch_tokens = loader.rows_per_epoch() * T
     log(f"data: {s['data_dir']}: {meta['train_tokens']:,} train tokens, {loader.rows_per_epoch():,} rows of {T + 1} per epoch;"
         f" validation slice {len(val) * T + 1:,} tokens")  # rows overlap by one token
     if tokens > epoch_tokens:
         log(f"WARNING: this run reads {tokens / epoch_tokens:.2f} epochs of {s['data_dir']}; {EPOCH_ADVICE}")
-    return loader, val, token_bytes, tok_sha, data_counts
+    return loader, val, token_bytes
 
 
-def restore(ckpt_path, s, model_config, model, optimizers, loader, tok_sha, data_counts, iters, log):
-    """With --resume, the checkpoint's weights, optimizer, loader and RNG states, checked to belong to this run
-    -> (step, metrics, smooth loss); without it, a fresh start in an out_dir that holds no checkpoint."""
-    if not s["resume"]:
-        if os.path.exists(ckpt_path):
-            raise ConfigError(f"{ckpt_path} exists; pass --resume to continue that run, or choose another --out_dir")
+def checked_start(ckpt_path, s, model_config, tok_sha, data_counts, iters):
+    """Before anything is loaded or built: the checkpoint that --resume continues, checked to belong to this run;
+    None for a fresh start, in an out_dir that must then hold no checkpoint."""
+    if s["resume"]:
+        return load_resume(ckpt_path, s, model_config, tok_sha, data_counts, iters)
+    if os.path.exists(ckpt_path):
+        raise ConfigError(f"{ckpt_path} exists; pass --resume to continue that run, or choose another --out_dir")
+    return None
+
+
+def restore(ckpt, ckpt_path, s, model, optimizers, loader, iters, log):
+    """The checked checkpoint's weights, optimizer, loader and RNG states -> (step, metrics, smooth loss); a fresh
+    start (ckpt None) -> (0, [], 0.0)."""
+    if ckpt is None:
         return 0, [], 0.0
-    ckpt = load_resume(ckpt_path, s, model_config, tok_sha, data_counts)
     try:
         model.load_state_dict(ckpt["model"])
         for opt, state in zip(optimizers, ckpt["optimizers"], strict=True):
@@ -769,8 +782,6 @@ def restore(ckpt_path, s, model_config, model, optimizers, loader, tok_sha, data
         smooth = ckpt["smooth_loss"]
     except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
         raise ConfigError(f"--resume: {ckpt_path} is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
-    if not 0 <= step <= iters:
-        raise ConfigError(f"--resume: {ckpt_path} is at step {step}, outside this run's 0..{iters} iterations; it is damaged")
     log(f"resumed {ckpt_path} at step {step}")
     if ckpt["train_config"].get("eval_tokens") != s["eval_tokens"] and step < iters:  # allowed; the yardstick may change
         log(f"WARNING: eval_tokens was {ckpt['train_config'].get('eval_tokens')} there and is {s['eval_tokens']} here: "
@@ -838,13 +849,16 @@ def run(argv):
     dev = setup_device(s)
     ckpt_path = RUN["ckpt"]
     claim_out_dir(s, made, ddp, master, ckpt_path)
+    # which data, and the checkpoint to continue: both checked before anything is loaded or built
+    tok_sha, data_counts = lock_data(s, meta)
+    ckpt = checked_start(ckpt_path, s, model_config, tok_sha, data_counts, iters)
     if s["core_eval"]:  # the bundle and the tokenizer before training, not after it; rank 0 runs CORE alone
         from eval import load_bundle
         core_bundle, core_tokenizer = on_rank0(ddp, master, lambda: (
             load_bundle(s["eval_bundle"] or None, flag="--eval_bundle"), load_tokenizer(s["data_dir"]))) or (None, None)
 
     # data
-    loader, val, token_bytes, tok_sha, data_counts = load_data(s, meta, model_config, tokens, log)
+    loader, val, token_bytes = load_data(s, meta, model_config, tokens, log)
 
     # model and optimisers, restored with --resume
     torch.manual_seed(s["seed"])
@@ -854,7 +868,8 @@ def run(argv):
     optimizers = model.configure_optimizers(s["matrix_lr"], s["embedding_lr"], s["unembedding_lr"],
                                             s["scalar_lr"], s["table_lr"], s["weight_decay"])
     # smooth: a moving average (weight LOSS_EMA) of the steps' losses from 0; the log divides it by 1 - LOSS_EMA^step
-    step, metrics, smooth = restore(ckpt_path, s, model_config, model, optimizers, loader, tok_sha, data_counts, iters, log)
+    step, metrics, smooth = restore(ckpt, ckpt_path, s, model, optimizers, loader, iters, log)
+    del ckpt  # its tensors are copied into the model and optimizers
     metrics_path = os.path.join(s["out_dir"], "metrics.jsonl")
     if master and s["resume"]:  # the checkpoint's metrics, without any logged after it
         write_jsonl(metrics_path, metrics)
