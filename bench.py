@@ -43,7 +43,6 @@ import difflib
 import json
 import math
 import os
-import re
 import shlex
 import signal
 import statistics
@@ -636,9 +635,8 @@ def parse_overrides(text):
         if key in VARIANT_FIELDS:
             raise BenchError(f"--config sets the size both presets share; {key} is a variant's (it would apply to A "
                              f"and B alike): add a variant to VARIANTS in model.py and name it in --variants")
-        value = value.strip()
-        out[key] = int(value) if re.fullmatch(r"[+-]?\d+", value) else value
-        if isinstance(out[key], str) and type(FIELD_DEFAULTS.get(key)) is int:  # 1e3, 2.0: whole numbers; 2.5 stays text
+        out[key] = value.strip()
+        if type(FIELD_DEFAULTS[key]) is int:  # 12, 1e3, 2.0: whole numbers; 2.5 stays text, for GPTConfig to refuse
             with contextlib.suppress(ValueError):
                 out[key] = whole_number(value)
     return out
