@@ -638,7 +638,18 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path, capsys, monkeypatch)
     damaged = torch.load(ckpt, weights_only=True)
     del damaged["model"]["wte.weight"]
     torch.save(damaged, ckpt)
-    assert f"--resume: {ckpt} is damaged (RuntimeError" in error([*base, "--resume"])
+    with monkeypatch.context() as m:  # also found before the data is loaded
+        m.setattr(train, "load_data", None)
+        assert error([*base, "--resume"]) == f"--resume: {ckpt} is damaged (its weights do not fit the model it names: wte.weight)"
+        damaged["model"]["wte.weight"] = torch.zeros(300, 31)
+        damaged["model"]["lm_head.weight"] = 0.5
+        torch.save(damaged, ckpt)
+        assert error([*base, "--resume"]).endswith("(its weights do not fit the model it names: wte.weight, lm_head.weight)")
+    open(ckpt, "wb").write(before)
+    damaged = torch.load(ckpt, weights_only=True)  # what only the load finds: an optimizer's state
+    damaged["optimizers"][0]["param_groups"] = []
+    torch.save(damaged, ckpt)
+    assert f"--resume: {ckpt} is damaged (ValueError" in error([*base, "--resume"])
     good = torch.load(io.BytesIO(before), weights_only=True)  # other things torch can save, or edited entries
     for saved, expected in [(5, "is not a train.py checkpoint (it holds 'int', not a dict)"),
                             (torch.zeros(3), "is not a train.py checkpoint (it holds 'Tensor', not a dict)"),
@@ -1115,6 +1126,39 @@ def test_device_cuda_without_an_index_selects_gpu_0(monkeypatch):
                                                 r"is not usable here: CUDA error: invalid device ordinal$"):
         train.setup_device({"device": "auto"})
     assert train.RUN["alike"] is False  # this rank's own: it reports it, named (the ranks before it have GPUs)
+
+
+def test_data_being_written_is_said_so(data_dir, tmp_path, monkeypatch):
+    """While prepare_data.py holds its data folder (it removes meta.json first), train.py says so, not 're-run
+    prepare_data.py'; data prepared again between the plan and the data's lock is refused."""
+    import prepare_data as pd
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    args = [*TINY, f"--data_dir={data}", f"--out_dir={tmp_path / 'run'}", "--max_iters=2"]
+    busy = f"{data} is being written by prepare_data.py; wait for it to finish"
+    with pd.lock_folder(str(data), True, "held by the test"):
+        for meta_there in (True, False):  # a complete folder being written; a preparation under way
+            if not meta_there:
+                os.replace(data / "meta.json", data / "progress.json")
+            with pytest.raises(train.DataError) as e:
+                train.main(args)
+            assert str(e.value) == busy
+    with pytest.raises(train.DataError) as e:  # one that was stopped
+        train.main(args)
+    assert str(e.value).startswith(f"preparation of {data} is incomplete; re-run prepare_data.py")
+    os.replace(data / "progress.json", data / "meta.json")
+    meta = json.loads((data / "meta.json").read_text())
+    lock_folder = train.lock_folder
+
+    def prepared_again(folder, *a):  # another preparation ends just before the lock
+        if folder == str(data):
+            (data / "meta.json").write_text(json.dumps({**meta, "train_docs": meta["train_docs"] + 1}))
+        return lock_folder(folder, *a)
+    monkeypatch.setattr(train, "lock_folder", prepared_again)
+    with pytest.raises(train.ConfigError) as e:
+        train.main(args)
+    assert str(e.value) == f"{data} was prepared again as this run started; start it again"
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_failed_save_or_damaged_data_is_one_line(data_dir, tmp_path, monkeypatch):

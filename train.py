@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory, unreadable_checkpoint
-from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, load_meta, load_token_bytes, load_tokenizer,
+from prepare_data import (DEFAULT_DATA_DIR, LOCK, DataError, atomic_write, load_meta, load_token_bytes, load_tokenizer,
                           load_tokens, lock_folder, missing_top, out_dir_problem, prepare_command, remove_unused,
                           silence_stdout, tokenizer_sha256, whole_number, write_json)
 from sample import autocast as sample_autocast, check_device
@@ -487,6 +487,12 @@ def load_resume(path, s, model_config, tok_sha, data_counts, iters):
     if saved != now:
         diff = ", ".join(f"{k}={saved.get(k)!r} there, {now.get(k)!r} here" for k in now if saved.get(k) != now[k])
         raise ConfigError(f"--resume: {path} is a different model ({diff}); use the same settings or another --out_dir")
+    want = {k: (tuple(v.shape), v.dtype) for k, v in GPT.meta(model_config).state_dict().items()}  # shapes only: free
+    got = {k: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else type(v).__name__ for k, v in ckpt["model"].items()}
+    if got != want:
+        bad = sorted(set(want) ^ set(got)) or [k for k in want if got[k] != want[k]]
+        raise ConfigError(f"--resume: {path} is damaged (its weights do not fit the model it names: "
+                          f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})")
     there = ckpt["data_dir"]
     same_data = ckpt["tokenizer_sha256"] == tok_sha and ckpt["data_counts"] == data_counts
     same = os.path.realpath(s["data_dir"]) == os.path.realpath(there) or s["data_dir"] == ckpt["train_config"].get("data_dir")
@@ -646,6 +652,23 @@ def setup_device(s):
 # -----------------------------------------------------------------------------
 # the run: its stages (plan, out_dir, data, resume, the model the loop calls), main() and run()
 
+def data_busy(data_dir):
+    return f"{data_dir} is being written by prepare_data.py; wait for it to finish"
+
+
+def read_meta(data_dir):
+    """load_meta, unlocked; when there is no complete meta.json because prepare_data.py is writing the folder now,
+    that is the error (not 're-run prepare_data.py')."""
+    try:
+        return load_meta(data_dir)
+    except DataError:
+        if os.path.isfile(os.path.join(data_dir, LOCK)):  # an existing lock file only: none is made here
+            lock = lock_folder(data_dir, False, data_busy(data_dir))  # DataError(busy) while a writer holds it
+            if lock is not None:
+                lock.close()
+        raise
+
+
 def plan(s, model_overrides, world, log):
     """The model and the budget, printed -> (meta, model_config, flops_per_token, iters, tokens, accum), accum the
     gradient-accumulation steps that split a step's batch over device batches and ranks.
@@ -655,7 +678,7 @@ def plan(s, model_overrides, world, log):
     meta = None
     if not s["dry_run"] or os.path.exists(os.path.join(s["data_dir"], "meta.json")) or os.path.isfile(s["data_dir"]):
         # the dry run too when the data is there (or --data_dir is a file: load_meta says so)
-        meta = load_meta(s["data_dir"])
+        meta = read_meta(s["data_dir"])
         model_overrides.setdefault("vocab_size", meta["vocab_size"])  # the model's vocabulary is the data's unless given
     try:
         model_config = GPTConfig.preset(s["size"], s["variant"], **model_overrides)
@@ -738,8 +761,9 @@ def claim_out_dir(s, made, ddp, master, ckpt_path):
 def lock_data(s, meta):
     """Lock the data folder for reading -> (tok_sha, data_counts), which data this run reads: a checkpoint records
     them, sample.py and eval.py check the tokenizer's hash, and a resume checks both."""
-    RUN["data_lock"] = lock_folder(s["data_dir"], False, f"{s['data_dir']} is being written by prepare_data.py; "
-                                                         f"wait for it to finish")  # and it waits for this run
+    RUN["data_lock"] = lock_folder(s["data_dir"], False, data_busy(s["data_dir"]))  # and prepare_data.py waits for us
+    if load_meta(s["data_dir"]) != meta:  # plan() read it unlocked
+        raise ConfigError(f"{s['data_dir']} was prepared again as this run started; start it again")
     return tokenizer_sha256(s["data_dir"]), {k: meta[k] for k in DATA_COUNTS}
 
 
@@ -843,7 +867,7 @@ def run(argv):
     if s["dry_run"]:
         return None
 
-    # the device (DDP starts here), out_dir and what CORE needs
+    # the device (DDP starts here) and out_dir
     # what out_dir_problem will make, seen before any rank makes it (init_process_group waits for every rank)
     made = missing_top(s["out_dir"]) if master else None
     dev = setup_device(s)
@@ -852,7 +876,7 @@ def run(argv):
     # which data, and the checkpoint to continue: both checked before anything is loaded or built
     tok_sha, data_counts = lock_data(s, meta)
     ckpt = checked_start(ckpt_path, s, model_config, tok_sha, data_counts, iters)
-    if s["core_eval"]:  # the bundle and the tokenizer before training, not after it; rank 0 runs CORE alone
+    if s["core_eval"]:  # what CORE needs: the bundle and the tokenizer before training, not after it; rank 0 runs CORE alone
         from eval import load_bundle
         core_bundle, core_tokenizer = on_rank0(ddp, master, lambda: (
             load_bundle(s["eval_bundle"] or None, flag="--eval_bundle"), load_tokenizer(s["data_dir"]))) or (None, None)
@@ -869,7 +893,7 @@ def run(argv):
                                             s["scalar_lr"], s["table_lr"], s["weight_decay"])
     # smooth: a moving average (weight LOSS_EMA) of the steps' losses from 0; the log divides it by 1 - LOSS_EMA^step
     step, metrics, smooth = restore(ckpt, ckpt_path, s, model, optimizers, loader, iters, log)
-    del ckpt  # its tensors are copied into the model and optimizers
+    del ckpt  # copied into the model, or held by the optimizers' states
     metrics_path = os.path.join(s["out_dir"], "metrics.jsonl")
     if master and s["resume"]:  # the checkpoint's metrics, without any logged after it
         write_jsonl(metrics_path, metrics)
