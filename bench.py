@@ -68,13 +68,18 @@ PAPER_BUDGETS = {"paper_135m": 1.5e18, "paper_780m": 3.91e19}  # training FLOPs 
 KV_CONTEXTS = [2 ** k for k in range(10, 21, 2)]              # 1K, 4K, 16K, 64K, 256K, 1M
 KV_DTYPE = torch.bfloat16
 
-# FlopCounterMode knows the CUDA attention kernels but not SDPA's CPU kernel: count it the same way
-# (4 T_q T_k D per head forward), backward = 2 x forward, as torch counts the CUDA kernels.
-CPU_SDPA_FLOPS = {
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu:
-        lambda q, k, v, *args, **kwargs: sdpa_flop_count(q, k, v),
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
-        lambda grad, q, k, v, *args, **kwargs: 2 * sdpa_flop_count(q, k, v),
+# FlopCounterMode knows the CUDA attention kernels but not SDPA's CPU kernel: count it (4 T_q T_k D per head
+# forward) with backward = 2 x forward, nanochat's convention and estimate_flops'. torch counts the CUDA backward
+# kernels as 5 matmuls (2.5 x forward, torch/utils/flop_counter.py sdpa_backward_flop_count, recomputing the
+# scores): they are mapped to 2 x forward too, so that a GPU measures what the CPU does.
+_forward = lambda q, k, v, *args, **kwargs: sdpa_flop_count(q, k, v)
+_backward = lambda grad, q, k, v, *args, **kwargs: 2 * sdpa_flop_count(q, k, v)
+SDPA_FLOPS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _forward,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _backward,
+    torch.ops.aten._scaled_dot_product_efficient_attention_backward: _backward,
+    torch.ops.aten._scaled_dot_product_flash_attention_backward: _backward,
+    torch.ops.aten._scaled_dot_product_cudnn_attention_backward: _backward,
 }
 
 
@@ -146,7 +151,7 @@ def measured_flops(cfg, device):
     torch.manual_seed(0)
     model = GPT(cfg, device=device)
     idx = torch.randint(0, cfg.vocab_size, (1, cfg.block_size), device=device)
-    with FlopCounterMode(display=False, custom_mapping=CPU_SDPA_FLOPS) as counter:
+    with FlopCounterMode(display=False, custom_mapping=SDPA_FLOPS) as counter:
         _, loss = model(idx, idx)
         loss.backward()
     return dict(measured=counter.get_total_flops() / idx.numel(), estimate=model.estimate_flops())
@@ -157,7 +162,7 @@ def measured_flops(cfg, device):
 
 def sync(device):
     if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)  # the bench's GPU, not the current one (cuda:0 unless set)
 
 
 class LiveBytes(TorchDispatchMode):
@@ -284,14 +289,16 @@ def time_decode(benches, context, steps, order):
     """Prefill and decode tok/s of each bench at `context`: each prefills context - steps tokens, then
     the two decode `steps` one-token steps in turn, A B, B A, ..., each step timed on its own, so that
     both see the same moments of a busy machine. -> ([prefill tok/s], [decode tok/s]) in bench order."""
-    prefill, toks = [0.0] * len(benches), [None] * len(benches)
-    for k in order:
-        toks[k], prefill[k] = benches[k].timed(benches[k].prefill, context - steps)
-    spent = [0.0] * len(benches)
-    for s in range(steps):
-        for k in (order if s % 2 == 0 else order[::-1]):
-            toks[k], t = benches[k].timed(benches[k].step, toks[k])
-            spent[k] += t
+    prefill, toks, spent = [0.0] * len(benches), [None] * len(benches), [0.0] * len(benches)
+    # one autocast around all the steps, as sample.py holds one around its loop: each step's own autocast, entered
+    # and left, would clear autocast's cache of bf16 weight copies and cast every fp32 Linear weight again per step
+    with autocast(benches[0].device, benches[0].dtype):
+        for k in order:
+            toks[k], prefill[k] = benches[k].timed(benches[k].prefill, context - steps)
+        for s in range(steps):
+            for k in (order if s % 2 == 0 else order[::-1]):
+                toks[k], t = benches[k].timed(benches[k].step, toks[k])
+                spent[k] += t
     tokens = [b.prompt.size(0) for b in benches]
     return ([n * (context - steps) / t for n, t in zip(tokens, prefill)],
             [n * steps / t for n, t in zip(tokens, spent)])

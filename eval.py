@@ -345,8 +345,9 @@ def score(model, rows, batch_size, device, pad_id, dtype=torch.float32, bar=None
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none").view_as(targets)
         summed = (loss * scored).sum(1)
         ok = ((logits.argmax(-1) == targets) | ~scored).all(1)
+        summed, ok = summed.tolist(), ok.tolist()  # one device -> host copy each per batch, not two per row
         for j, r in enumerate(chunk):
-            losses[r], right[r] = summed[j].item(), bool(ok[j])
+            losses[r], right[r] = summed[j], bool(ok[j])
         if bar is not None:
             bar.update(len(chunk))
     return losses, right

@@ -424,8 +424,15 @@ class Attention(nn.Module):
         the rows and calling SDPA (cached_keys_values), in fewer passes over memory."""
         B, H, D = q.size(0), self.n_head, self.head_dim
         _, keys = self.cached_keys(k, ctx)                                             # (B, H, W, D)
-        scores = (q * D ** -0.5) @ keys.transpose(-1, -2)                             # (B, H, 1, W)
-        p = torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32))
+        wide = torch.promote_types(q.dtype, torch.float32)
+        if torch.is_autocast_enabled(q.device.type) or keys.dtype != wide:
+            # scores in float32, as SDPA keeps them inside its kernel: a bf16 matmul would round them (at |score|
+            # ~ 8, by up to 0.03, about 3% of p); the test costs nothing in float32, autocast's switch ~7 us a call
+            with torch.autocast(q.device.type, enabled=False):
+                scores = (q.to(wide) * D ** -0.5) @ keys.to(wide).transpose(-1, -2)    # (B, H, 1, W)
+        else:
+            scores = (q * D ** -0.5) @ keys.transpose(-1, -2)                         # (B, H, 1, W)
+        p = torch.softmax(scores, dim=-1, dtype=wide)
         table = ctx.table_weight(self.table_idx)                                       # (N, C)
         if not torch.is_grad_enabled():  # a table that requires grad sends embedding_bag to its backward-ready kernel
             table = table.detach()
@@ -507,6 +514,7 @@ class TableOffload:
         n, V, C = self.host.shape
         self.device_rows = torch.empty(n, 0, C, dtype=self.host.dtype, device=self.device)  # (n_tables, rows, C)
         self.slot = torch.full((V,), -1, dtype=torch.long, device=self.device)  # token id -> row of device_rows
+        self.on_device = torch.zeros(V, dtype=torch.bool)  # slot >= 0, mirrored on the host: fetch reads no device memory
         self.rows_fetched = 0   # (token, table) rows copied host -> device
         self.bytes_moved = 0
         self.reset()
@@ -515,6 +523,7 @@ class TableOffload:
         """Forget the device rows: only at the start of a sequence, since the rows of every id in a KV
         cache must stay on the device (rows are never evicted in between)."""
         self.slot.fill_(-1)
+        self.on_device.zero_()
         self.used = 0
 
     def prefetch(self, ids):
@@ -527,8 +536,11 @@ class TableOffload:
 
     def fetch(self, ids):
         """prefetch, always eager."""
-        wanted = ids.unique()
-        missing = wanted[self.slot[wanted] < 0].cpu().long()
+        # one device -> host copy of the ids (on CUDA it waits for them); the rest is decided on the host, and what
+        # goes to the device goes non_blocking from pinned memory, so the host goes on queueing the layers (a unique
+        # or a mask on the device, or a copy from pageable memory, would wait for the GPU)
+        wanted = ids.reshape(-1).cpu().long().unique()
+        missing = wanted[~self.on_device[wanted]]
         k = missing.numel()
         if k == 0:
             return
@@ -538,11 +550,17 @@ class TableOffload:
             grown = torch.empty(self.host.size(0), rows, self.host.size(2), dtype=self.host.dtype, device=self.device)
             grown[:, :self.used] = self.device_rows[:, :self.used]
             self.device_rows = grown
-        staged = torch.index_select(self.host, 1, missing)  # (n_tables, k, C) gathered on the host
+        # (n_tables, k, C) gathered on the host straight into pinned memory; the caching host allocator keeps each
+        # pinned block until the copy that reads it has run (the copy records an event on it), so none is reused early
+        staged = torch.empty(self.host.size(0), k, self.host.size(2), dtype=self.host.dtype, pin_memory=self.pinned)
+        torch.index_select(self.host, 1, missing, out=staged)
+        where = torch.stack([missing, torch.arange(self.used, self.used + k)])  # (2, k): token ids, their rows
         if self.pinned:
-            staged = staged.pin_memory()
+            where = where.pin_memory()
+        where = where.to(self.device, non_blocking=True)
         self.device_rows[:, self.used:self.used + k].copy_(staged, non_blocking=True)
-        self.slot[missing.to(self.device)] = torch.arange(self.used, self.used + k, device=self.device)
+        self.slot[where[0]] = where[1]
+        self.on_device[missing] = True
         self.used += k
         self.rows_fetched += k * self.host.size(0)
         self.bytes_moved += staged.numel() * staged.element_size()

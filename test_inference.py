@@ -594,6 +594,28 @@ def test_bench_decode_steps_take_turns():
     assert all(x > 0 for x in prefill + decode) and all(b.cache.pos == 32 for b in benches)
 
 
+def test_bench_decode_casts_the_weights_to_bf16_once():
+    """Under a bf16 autocast, the timed decode steps reuse autocast's bf16 copies of the weights, as sample.py's
+    loop does: one autocast is held around them all (each step's own, entered and left, drops the copies, and
+    every step would cast every Linear weight again; on a GPU, ~70 kernels a step at paper_135m)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    benches = [bench.Bench("cpu", v, bench.parse_overrides(TINY), 32, 1, "cpu", torch.bfloat16) for v in ("baseline", "bov")]
+    weights = {p.data_ptr() for b in benches for p in b.decoder.parameters()}
+
+    class WeightCasts(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and args[0].data_ptr() in weights:
+                casts.append(tuple(args[0].shape))
+            return func(*args, **(kwargs or {}))
+    counts = []
+    for steps in (2, 8):
+        casts = []
+        with WeightCasts():
+            bench.time_decode(benches, 32, steps, (0, 1))
+        counts.append(len(casts))
+    assert counts[0] > 0 and counts[1] == counts[0]  # the prefill's casts, none more for six more steps
+
+
 def test_bench_config_overrides_and_quartiles():
     assert bench.parse_overrides("n_head=4, window_pattern=L") == dict(n_head=4, window_pattern="L")
     with pytest.raises(bench.BenchError, match=r"^--config: unknown field n_layers; did you mean n_layer\? the fields it "
@@ -801,7 +823,7 @@ def test_measure_alternates_the_order_and_files_each_number_under_its_name(monke
 def test_time_decode_rates_count_the_prefilled_and_decoded_tokens():
     """Mutant B7 (time_decode): prefill tok/s counted over `context` tokens, not the context - steps prefilled."""
     class Fake:
-        prompt = torch.zeros(2, 1)
+        prompt, device, dtype = torch.zeros(2, 1), "cpu", torch.float32
 
         def timed(self, run, *args):
             return run(*args), 0.5

@@ -17,7 +17,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from torch.utils.serialization import config as serialization_config
 
-from bench import CPU_SDPA_FLOPS  # SDPA's CPU kernel for the counter; backward = 2 x forward, nanochat's count
+from bench import SDPA_FLOPS  # SDPA for the counter, backward = 2 x forward (nanochat's count) on CPU and CUDA
 from conftest import finish, flip_tensor_byte, set_compression_method
 import model as model_module
 from model import GPT, GPTConfig, KVCache, PassContext, SIZES, TORCH_LEGACY_MAGIC, VARIANTS, unreadable_checkpoint
@@ -643,7 +643,7 @@ def test_estimate_flops_against_the_flop_counter(variant):
     cfg = tiny(variant, window_pattern="L", block_size=64)
     model = GPT(cfg)
     idx = batch(cfg, B=2, T=64)
-    with FlopCounterMode(display=False, custom_mapping=CPU_SDPA_FLOPS) as counter:
+    with FlopCounterMode(display=False, custom_mapping=SDPA_FLOPS) as counter:
         _, loss = model(idx, idx)
         loss.backward()
     counts = counter.get_flop_counts()["Global"]
@@ -653,6 +653,20 @@ def test_estimate_flops_against_the_flop_counter(variant):
     assert counts[torch.ops.aten.mm] == weights * idx.numel()
     measured = counter.get_total_flops() / idx.numel()
     assert abs(measured - model.estimate_flops()) / model.estimate_flops() < 0.02
+
+
+def test_the_cuda_attention_backward_is_counted_as_the_cpu_one():
+    """torch counts its CUDA SDPA backward kernels as 5 matmuls (2.5 x forward); bench counts them as the CPU's
+    and as estimate_flops does, 2 x forward, so that a GPU's measured FLOPs match the estimate as the CPU's do."""
+    q = k = v = grad = torch.empty(2, 3, 16, 8, device="meta")
+    registry = FlopCounterMode(display=False, custom_mapping=SDPA_FLOPS).flop_registry
+    forward = 4 * 2 * 3 * 16 * 16 * 8  # q K^T and P V: 2 x (2 T^2 D) per head
+    assert registry[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu](q, k, v) == forward
+    for op in (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward,
+               torch.ops.aten._scaled_dot_product_efficient_attention_backward,
+               torch.ops.aten._scaled_dot_product_flash_attention_backward,
+               torch.ops.aten._scaled_dot_product_cudnn_attention_backward):
+        assert registry[op](grad, q, k, v, None, None) == 2 * forward, op
 
 
 def test_gradients_reach_only_the_rows_of_tokens_in_the_batch():
@@ -727,14 +741,24 @@ def test_top_k_of_the_whole_vocabulary_excludes_no_token(monkeypatch):
     assert seen[-1][0, -1] == 0 and bool((seen[-1][0, :-1] > 0).all())
 
 
-def test_table_decode_softmax_is_float32_under_bf16(monkeypatch):
-    """Under bf16 autocast q is bf16; the decode step's attention weights are still computed in float32."""
+def test_table_decode_scores_and_softmax_are_float32_under_bf16(monkeypatch):
+    """Under bf16 autocast q and the cached keys are bf16; the decode step's scores q K^T and its attention
+    weights are still computed in float32, as SDPA computes them inside its kernel (a bf16 product rounds them)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class ScoreDtypes(TorchDispatchMode):  # below autocast: sees the product in the dtype it runs in
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.bmm.default:  # only the table layers' q K^T: other layers call SDPA
+                scores.append(out.dtype)
+            return out
     model = GPT(tiny("bov")).eval()
-    dtypes, softmax = [], torch.softmax
+    dtypes, scores, softmax = [], [], torch.softmax
     monkeypatch.setattr(torch, "softmax", lambda *a, **k: dtypes.append(k.get("dtype")) or softmax(*a, **k))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16), ScoreDtypes():
         model.generate(batch(model.config, B=1, T=5), 2, temperature=0)
     assert dtypes and set(dtypes) == {torch.float32}
+    assert scores and set(scores) == {torch.float32}
 
 
 def test_cache_overflow_raises():

@@ -523,6 +523,14 @@ def test_which_errors_every_rank_meets_alike(monkeypatch):
         assert train.RUN["alike"] is alike, (local, world)
 
 
+def test_mfu_divides_by_the_gpus_own_dense_bf16_peak():
+    """The names torch.cuda.get_device_name() gives: a PCIe or NVL part is not taken for the SXM one."""
+    for name, peak in (("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 NVL", 835e12),
+                       ("NVIDIA H200", 989e12), ("NVIDIA H200 NVL", 835e12), ("NVIDIA A100-SXM4-80GB", 312e12),
+                       ("NVIDIA GeForce RTX 4090", None)):
+        assert train.peak_flops(name) == peak, name
+
+
 def test_dtype_sets_the_autocast_of_training(data_dir):
     """--dtype auto is bf16 on CUDA and fp32 (no autocast) elsewhere; the training model's autocast follows it."""
     assert train.autocast_dtype({"dtype": "auto"}, torch.device("cuda")) == torch.bfloat16

@@ -93,7 +93,13 @@ SIZE_DEFAULTS = {
 TRAIN_KEYS = [k for k, v in globals().items() if k.islower() and not k.startswith("_") and isinstance(v, (int, float, bool, str))]
 MODEL_KEYS = [f.name for f in fields(GPTConfig)]
 LOSS_EMA = 0.9  # the logged training loss is a moving average of the steps' losses, debiased, as nanochat logs it
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 per GPU
+# dense bf16 per GPU, the first name found in torch.cuda.get_device_name() wins: the PCIe and NVL parts before the SXM ones
+PEAK_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H200 NVL": 835e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def peak_flops(gpu):
+    """Dense bf16 FLOP/s of the GPU torch.cuda.get_device_name() calls `gpu`, for MFU; None if not listed."""
+    return next((v for k, v in PEAK_FLOPS.items() if k in gpu), None)
 
 
 EPOCH_ADVICE = ("the paper's regime is a single epoch and BoV's tables memorise repeated data (gamma_v grows). "
@@ -832,7 +838,7 @@ def training_model(s, model, dev, ddp):
     if ddp:
         from torch.nn.parallel import DistributedDataParallel
         train_model = DistributedDataParallel(train_model, device_ids=[dev.index] if use_cuda else None)
-    peak = next((v for k, v in PEAK_FLOPS.items() if use_cuda and k in torch.cuda.get_device_name(dev)), None)
+    peak = peak_flops(torch.cuda.get_device_name(dev)) if use_cuda else None
     return train_model, autocast, peak
 
 
