@@ -653,6 +653,13 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path, capsys, monkeypatch)
         damaged["model"]["lm_head.weight"] = 0.5
         torch.save(damaged, ckpt)
         assert error([*base, "--resume"]).endswith("(its weights do not fit the model it names: wte.weight, lm_head.weight)")
+        damaged["model"][0] = torch.zeros(1)  # a key that is not a name: still one line
+        torch.save(damaged, ckpt)
+        assert error([*base, "--resume"]).endswith("(its weights do not fit the model it names: 0, wte.weight, lm_head.weight)")
+    other_dtype = torch.load(io.BytesIO(before), weights_only=True)  # weights in another float dtype: the load converts
+    other_dtype["model"] = {k: v.double() for k, v in other_dtype["model"].items()}
+    torch.save(other_dtype, ckpt)
+    train.main([*base, "--resume"])  # (finished already: no step)
     open(ckpt, "wb").write(before)
     damaged = torch.load(ckpt, weights_only=True)  # what only the load finds: an optimizer's state
     damaged["optimizers"][0]["param_groups"] = []
@@ -1143,14 +1150,20 @@ def test_data_being_written_is_said_so(data_dir, tmp_path, monkeypatch):
     data = tmp_path / "data"
     shutil.copytree(data_dir, data)
     args = [*TINY, f"--data_dir={data}", f"--out_dir={tmp_path / 'run'}", "--max_iters=2"]
-    busy = f"{data} is being written by prepare_data.py; wait for it to finish"
     with pd.lock_folder(str(data), True, "held by the test"):
-        for meta_there in (True, False):  # a complete folder being written; a preparation under way
-            if not meta_there:
-                os.replace(data / "meta.json", data / "progress.json")
-            with pytest.raises(train.DataError) as e:
-                train.main(args)
-            assert str(e.value) == busy
+        with pytest.raises(train.DataError) as e:  # a complete folder being written
+            train.main(args)
+        assert str(e.value) == f"{data} is being written by prepare_data.py; wait for it to finish"
+        os.replace(data / "meta.json", data / "progress.json")  # a preparation under way (or a run's out_dir)
+        with pytest.raises(train.DataError) as e:
+            train.main(args)
+        assert str(e.value) == (f"{data} is being written by another process (prepare_data.py preparing it, or a "
+                                f"train.py whose --out_dir it is); wait for it to finish")
+    plain = tmp_path / "plain"  # a folder nobody locked: the usual line, and no lock file left in it
+    plain.mkdir()
+    with pytest.raises(train.DataError, match="^no prepared data in "):
+        train.main([*args, f"--data_dir={plain}"])
+    assert os.listdir(plain) == []
     with pytest.raises(train.DataError) as e:  # one that was stopped
         train.main(args)
     assert str(e.value).startswith(f"preparation of {data} is incomplete; re-run prepare_data.py")

@@ -15,6 +15,7 @@ field (n_layer, bov_layers, ...) is a key too. The resolved settings are printed
 
 import bisect
 import difflib
+import fcntl
 import glob
 import json
 import math
@@ -493,10 +494,11 @@ def load_resume(path, s, model_config, tok_sha, data_counts, iters):
     if saved != now:
         diff = ", ".join(f"{k}={saved.get(k)!r} there, {now.get(k)!r} here" for k in now if saved.get(k) != now[k])
         raise ConfigError(f"--resume: {path} is a different model ({diff}); use the same settings or another --out_dir")
-    want = {k: (tuple(v.shape), v.dtype) for k, v in GPT.meta(model_config).state_dict().items()}  # shapes only: free
-    got = {k: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else type(v).__name__ for k, v in ckpt["model"].items()}
+    # the weights' names and shapes (a meta model: no memory); another float dtype is converted by the load
+    want = {k: tuple(v.shape) for k, v in GPT.meta(model_config).state_dict().items()}
+    got = {k: tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__ for k, v in ckpt["model"].items()}
     if got != want:
-        bad = sorted(set(want) ^ set(got)) or [k for k in want if got[k] != want[k]]
+        bad = sorted(map(str, set(want) ^ set(got))) + [k for k in want if k in got and got[k] != want[k]]
         raise ConfigError(f"--resume: {path} is damaged (its weights do not fit the model it names: "
                           f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})")
     there = ckpt["data_dir"]
@@ -658,21 +660,31 @@ def setup_device(s):
 # -----------------------------------------------------------------------------
 # the run: its stages (plan, out_dir, data, resume, the model the loop calls), main() and run()
 
-def data_busy(data_dir):
-    return f"{data_dir} is being written by prepare_data.py; wait for it to finish"
-
-
 def read_meta(data_dir):
-    """load_meta, unlocked; when there is no complete meta.json because prepare_data.py is writing the folder now,
-    that is the error (not 're-run prepare_data.py')."""
+    """load_meta, unlocked; when there is no complete meta.json because another process is writing the folder
+    now (prepare_data.py preparing it; or, by mistake, a train.py with it as --out_dir), that is the error (not
+    're-run prepare_data.py')."""
     try:
         return load_meta(data_dir)
     except DataError:
-        if os.path.isfile(os.path.join(data_dir, LOCK)):  # an existing lock file only: none is made here
-            lock = lock_folder(data_dir, False, data_busy(data_dir))  # DataError(busy) while a writer holds it
-            if lock is not None:
-                lock.close()
+        if being_written(data_dir):
+            raise DataError(f"{data_dir} is being written by another process (prepare_data.py preparing it, or a "
+                            f"train.py whose --out_dir it is); wait for it to finish") from None
         raise
+
+
+def being_written(folder):
+    """Whether a writer holds folder's lock (lock_folder's, exclusive) now; no lock file is made."""
+    try:
+        f = open(os.path.join(folder, LOCK))
+    except OSError:  # none: nobody has locked it
+        return False
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # dropped when f closes
+        except BlockingIOError:
+            return True
+    return False
 
 
 def plan(s, model_overrides, world, log):
@@ -767,7 +779,8 @@ def claim_out_dir(s, made, ddp, master, ckpt_path):
 def lock_data(s, meta):
     """Lock the data folder for reading -> (tok_sha, data_counts), which data this run reads: a checkpoint records
     them, sample.py and eval.py check the tokenizer's hash, and a resume checks both."""
-    RUN["data_lock"] = lock_folder(s["data_dir"], False, data_busy(s["data_dir"]))  # and prepare_data.py waits for us
+    RUN["data_lock"] = lock_folder(s["data_dir"], False, f"{s['data_dir']} is being written by prepare_data.py; "
+                                                         f"wait for it to finish")  # and it waits for this run
     if load_meta(s["data_dir"]) != meta:  # plan() read it unlocked
         raise ConfigError(f"{s['data_dir']} was prepared again as this run started; start it again")
     return tokenizer_sha256(s["data_dir"]), {k: meta[k] for k in DATA_COUNTS}
