@@ -759,6 +759,11 @@ def test_table_decode_scores_and_softmax_are_float32_under_bf16(monkeypatch):
         model.generate(batch(model.config, B=1, T=5), 2, temperature=0)
     assert dtypes and set(dtypes) == {torch.float32}
     assert scores and set(scores) == {torch.float32}
+    dtypes.clear(), scores.clear()
+    with ScoreDtypes():  # a model cast to bf16, without autocast: its keys are bf16 too
+        model.to(torch.bfloat16).generate(batch(model.config, B=1, T=5), 2, temperature=0)
+    assert dtypes and set(dtypes) == {torch.float32}
+    assert scores and set(scores) == {torch.float32}
 
 
 def test_cache_overflow_raises():
