@@ -29,6 +29,7 @@ import struct
 import sys
 import zipfile
 import zlib
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 
 if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
@@ -41,6 +42,8 @@ import torch.nn.functional as F
 # -----------------------------------------------------------------------------
 # Configuration and presets
 
+VE_GATE_CHANNELS = 12  # the gated value embedding's gate reads the first 12 channels of the block's input (nanochat)
+
 @dataclass
 class GPTConfig:
     vocab_size: int = 32768      # the paper's BPE vocabulary; train.py takes the prepared data's, or a larger --vocab_size
@@ -50,7 +53,7 @@ class GPTConfig:
     block_size: int = 2048       # training context length T
     window_pattern: str = "SSSL" # tiled over layers; L = full context, S = a quarter, rounded up to 128; last layer always L
     # --- value vectors (Section 3 of the paper). Defaults are standard attention. ---
-    bov_layers: str | tuple = "none"  # target layers: "last_third" | "every_other" | "all" | "none" | e.g. (8, 9, 10, 11)
+    bov_layers: str | tuple = "none"  # target layers (of any variant): "last_third" | "every_other" | "all" | "none" | e.g. (8, 9, 10, 11)
     value_source: str = "table"  # V~ in a target layer: "table" (BoV's E_v[i]) | "x0" (x0 W_V) | "v1" (layer 0's V) | "x" (V itself)
     value_mix: str = "replace"   # "replace": v = c V~  |  "add": v = a V + b V~
     value_coeff: str = "learned" # "learned" (free scalars, c=1 / a=1, b=0 at init) | "fixed" (c=1 / a=b=0.5) | "gated" (a=1, b=3 sigmoid(W_g x[:12]) per head)
@@ -89,6 +92,12 @@ class GPTConfig:
     def head_dim(self):
         return self.n_embd // self.n_head
 
+    # The layer sets below, at 12 layers:      bov     svformer  bov_keep_v  t1_r09 (x0 W_V)
+    #   target_layers(): V changed             8-11    1-11      8-11        8-11
+    #   table_layers():  reads a value table   8-11    -         8-11        -
+    #   v_free_layers(): no W_V, no V cache    8-11    1-11      -           -
+    #   caches_ids():    ids in the KV cache   yes     no        no          no
+
     def target_layers(self):
         """Indices of the layers whose value vectors the variant changes (Table 1's "Target")."""
         L, spec = self.n_layer, self.bov_layers
@@ -104,7 +113,7 @@ class GPTConfig:
 
     def windows(self):
         """Attention window of every layer, in tokens including the query itself (nanochat's SSSL)."""
-        short = -(-self.block_size // 4 // 128) * 128  # a quarter of the context, rounded up to 128
+        short = math.ceil(self.block_size / 4 / 128) * 128  # a quarter of the context, rounded up to 128 (cpu: 128, a half)
         size = {"L": self.block_size, "S": min(short, self.block_size)}
         w = [size[self.window_pattern[i % len(self.window_pattern)]] for i in range(self.n_layer)]
         w[-1] = self.block_size
@@ -136,13 +145,13 @@ class GPTConfig:
     def kv_cache_bytes(self, batch, context, dtype=torch.bfloat16):
         """Bytes of the decode cache for `batch` sequences of `context` tokens.
         K for every layer, V for every layer that is not V-free, one int32 id per token if caches_ids()."""
-        per_token = (2 * self.n_layer - len(self.v_free_layers())) * self.n_embd * _itemsize(dtype)
+        per_token = (2 * self.n_layer - len(self.v_free_layers())) * self.n_embd * dtype.itemsize
         per_token += 4 if self.caches_ids() else 0
         return batch * context * per_token
 
     def table_bytes(self, dtype=torch.bfloat16):
         """Bytes of the value tables themselves: n_tables x |V| x d, shared by every sequence."""
-        return self.n_tables() * self.vocab_size * self.n_embd * _itemsize(dtype)
+        return self.n_tables() * self.vocab_size * self.n_embd * dtype.itemsize
 
     # -- checks -----------------------------------------------------------------
 
@@ -187,12 +196,8 @@ class GPTConfig:
             bad(f"shared_table must be True or False, got {self.shared_table!r}")
         if self.shared_table and self.value_source != "table":
             bad("shared_table needs value_source 'table'")
-        if self.value_coeff == "gated" and self.n_embd < 12:
-            bad("the gated value embedding reads 12 channels: n_embd must be at least 12")
-
-
-def _itemsize(dtype):
-    return torch.empty((), dtype=dtype).element_size()
+        if self.value_coeff == "gated" and self.n_embd < VE_GATE_CHANNELS:
+            bad(f"the gated value embedding reads {VE_GATE_CHANNELS} channels: n_embd must be at least {VE_GATE_CHANNELS}")
 
 
 # Sizes: the paper's two models (its Table 6) and one that trains in minutes on 2 CPU cores.
@@ -214,7 +219,7 @@ VARIANTS = {
     # Table 1 of the paper, rows 1-13 (12-layer model, 1.5e18 FLOPs)
     "t1_r01": {},                                               # V (standard attention)
     "t1_r02": _v(_LAST, "x"),                                   # gamma_v V, last 4
-    "t1_r03": _v(_ALL, "v1", coeff="fixed"),                    # V1, all layers, coefficient 1
+    "t1_r03": _v(_ALL, "v1", coeff="fixed"),                    # V1, all layers but 0 (it makes V1), coefficient 1
     "t1_r04": _v(_EVERY, "v1"),                                 # gamma_v V1, every 2
     "t1_r05": _v(_LAST, "v1", coeff="fixed"),                   # V1, last 4, coefficient 1
     "t1_r06": _v(_LAST, "v1"),                                  # gamma_v V1, last 4
@@ -308,7 +313,7 @@ class PassContext:
     cache: KVCache | None = None
     bag_index: torch.Tensor | None = None  # (B, H, pos + 1): H * row(id j) + h; one-token decode
     bags: dict = field(default_factory=dict)  # window -> (rows, offsets) for embedding_bag
-    v1: torch.Tensor | None = None  # (B, T, H, D) layer 0's values, kept for the V1 variants
+    v1: torch.Tensor | None = None  # (B, T, H, D) layer 0's values for the V1 variants: written by its value()
 
     def bag(self, window):
         """The flat rows (B H W,) of the (N H, D) table view for the last `window` positions up to pos,
@@ -347,16 +352,18 @@ class Attention(nn.Module):
         self.c_v = None if self.v_free else nn.Linear(C, C, bias=False)
         self.c_proj = nn.Linear(C, C, bias=False)
         if self.coeff == "learned":
+            # one scalar each; built on the meta device like every parameter: GPT.init_weights sets them
             if self.mix == "replace":
-                self.gamma_v = nn.Parameter(torch.ones(1))   # unbounded, init 1 (the paper's gamma_v)
+                self.gamma_v = nn.Parameter(torch.empty(1))  # the paper's gamma_v, unbounded
             else:
-                self.alpha_v = nn.Parameter(torch.ones(1))   # on V
-                self.beta_v = nn.Parameter(torch.zeros(1))   # on V~: the model starts as standard attention
+                self.alpha_v = nn.Parameter(torch.empty(1))  # on V
+                self.beta_v = nn.Parameter(torch.empty(1))   # on V~
         if self.coeff == "gated":
-            self.ve_gate = nn.Linear(12, self.n_head, bias=False)  # reads the first 12 channels of x
+            self.ve_gate = nn.Linear(VE_GATE_CHANNELS, self.n_head, bias=False)  # one gate per head
 
     def coefficients(self):
-        """(c,) for replace or (a, b) for add: parameters if learned, else the fixed 1 / 0.5. Each is one
+        """(c,) of a replace target layer or (a, b) of an add one (learned or fixed; a gated layer's b is its
+        gate, computed in value()): parameters if learned, else the fixed 1 / 0.5. Each is one
         scalar per layer (shape (1,)), as the paper's gamma_v; value(), forward()'s cached path, table_decode_step
         and coefficient_values() (whose floats train.py logs) all assume that shape."""
         if self.mix == "replace":
@@ -382,7 +389,7 @@ class Attention(nn.Module):
         else:
             tilde = heads(self.c_v(x))                        # V itself (Table 1 row 2)
         if self.coeff == "gated":                             # V + g(x) E[i], g in (0, 3) per head
-            gate = 3 * torch.sigmoid(self.ve_gate(x[..., :12]))  # (B, T, H)
+            gate = 3 * torch.sigmoid(self.ve_gate(x[..., :VE_GATE_CHANNELS]))  # (B, T, H)
             return heads(self.c_v(x)) + gate.unsqueeze(-1) * tilde
         if self.mix == "replace":
             (c,) = self.coefficients()
@@ -396,19 +403,19 @@ class Attention(nn.Module):
         k = self.c_k(x).view(B, T, self.n_head, self.head_dim)
         q = norm(apply_rope(q, ctx.cos, ctx.sin)).transpose(1, 2)  # (B, H, T, D)
         k = norm(apply_rope(k, ctx.cos, ctx.sin)).transpose(1, 2)
-        if ctx.cache is not None and self.v_free:
-            v = None  # read over the whole window below: table rows by token id, or layer 0's V cache
-        else:
+        if ctx.cache is None:  # training and evaluation: the whole sequence at once
             v = self.value(x, ctx).transpose(1, 2)  # (B, H, T, D)
-        if ctx.cache is None:
             if self.window >= T:
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:
                 pos = torch.arange(T, device=x.device)
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(pos, pos, self.window))
-        elif ctx.bag_index is not None and self.source == "table" and self.v_free:  # one-token decode step of a BoV layer
+        elif ctx.bag_index is not None and self.source == "table" and self.v_free:
+            # a one-token decode step of a BoV layer (GPT.forward sets bag_index): (B, 1, C), c applied
             return self.c_proj(self.table_decode_step(q, k, ctx))
-        else:
+        else:  # a prefill, or a decode step that reads a V cache: this layer's, or layer 0's (V1)
+            # a V-free layer's values are read over the whole window in cached_keys_values: table rows or V1
+            v = None if self.v_free else self.value(x, ctx).transpose(1, 2)  # (B, H, T, D)
             k, v, mask = self.cached_keys_values(k, v, ctx)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             if self.v_free:  # attention is linear in V: scale the output, not the window's values
@@ -421,17 +428,16 @@ class Attention(nn.Module):
         """One decode step of a BoV layer, y_h = gamma_v sum_j p_hj E_v[i_j] over the window (eq. 5 inside
         attention): the softmax weights p are the per-sample weights of one embedding_bag, which reads
         each window row of E_v once and never materialises the window's values. Equal to gathering
-        the rows and calling SDPA (cached_keys_values), in fewer passes over memory."""
+        the rows and calling SDPA (cached_keys_values), in fewer passes over memory:
+            v = E_v[ids of the window].view(B, W, H, D).transpose(1, 2)    # (B, H, W, D)
+            y = gamma_v * softmax(q k^T / sqrt(D)) @ v                    # (B, H, 1, D)"""
         B, H, D = q.size(0), self.n_head, self.head_dim
         _, keys = self.cached_keys(k, ctx)                                             # (B, H, W, D)
+        # scores and p in float32 (float64 for a float64 model), as SDPA keeps them inside its kernel: a bf16
+        # matmul would round the scores (by up to 0.03 at |score| ~ 8, about 3% of p)
         wide = torch.promote_types(q.dtype, torch.float32)
-        if torch.is_autocast_enabled(q.device.type) or keys.dtype != wide:
-            # scores in float32, as SDPA keeps them inside its kernel: a bf16 matmul would round them (at |score|
-            # ~ 8, by up to 0.03, about 3% of p); the test costs nothing in float32, autocast's switch ~7 us a call
-            with torch.autocast(q.device.type, enabled=False):
-                scores = (q.to(wide) * D ** -0.5) @ keys.to(wide).transpose(-1, -2)    # (B, H, 1, W)
-        else:
-            scores = (q * D ** -0.5) @ keys.transpose(-1, -2)                         # (B, H, 1, W)
+        with torch.autocast(q.device.type, enabled=False) if torch.is_autocast_enabled(q.device.type) else nullcontext():
+            scores = (q.to(wide) * D ** -0.5) @ keys.to(wide).transpose(-1, -2)        # (B, H, 1, W)
         p = torch.softmax(scores, dim=-1, dtype=wide)
         table = ctx.table_weight(self.table_idx)                                       # (N, C)
         if not torch.is_grad_enabled():  # a table that requires grad sends embedding_bag to its backward-ready kernel
@@ -452,7 +458,7 @@ class Attention(nn.Module):
 
     def cached_keys_values(self, k, v, ctx):
         """Write this pass's K (and V, unless V-free) into the cache; return the keys and values in
-        the window of this pass's queries, and the mask (None when every query sees every key)."""
+        the window of this pass's queries, and the mask (None for a one-token step)."""
         cache, p0, T = ctx.cache, ctx.pos, k.size(2)
         end = p0 + T
         start, keys = self.cached_keys(k, ctx)
@@ -463,12 +469,11 @@ class Attention(nn.Module):
             ids = cache.ids[:, start:end]
             rows = ctx.table_rows(self.table_idx, ids).view(ids.size(0), end - start, self.n_head, self.head_dim)
             values = rows.transpose(1, 2).to(keys.dtype)  # c is applied to the output, in forward
-        else:  # V1 from layer 0's cache
+        else:  # V1 (v_free_layers() holds table and V1 layers only; a new V-free source needs its branch here)
             values = cache.v[0][:, :, start:end]
-        mask = None
-        if T > 1 or end - start > self.window:
-            q_pos = torch.arange(p0, end, device=k.device)
-            mask = window_mask(q_pos, torch.arange(start, end, device=k.device), self.window)
+        mask = None  # one query sees all the keys returned: the window starts at its oldest visible key
+        if T > 1:
+            mask = window_mask(torch.arange(p0, end, device=k.device), torch.arange(start, end, device=k.device), self.window)
         return keys, values, mask
 
 
@@ -501,8 +506,9 @@ class TableOffload:
     layer (Section 4). So `prefetch(ids)` copies the rows of the ids not yet on the device, for all
     tables at once, into a device-side row cache (`device_rows`) keyed by token id, and
     `rows(t, ids)` gathers from it. Each distinct token's rows cross once per `reset()` (once per
-    generated sequence); the row cache grows with the number of distinct ids seen (powers of two
-    from 64 rows), never to the whole vocabulary up front.
+    `GPT.stream()` call, for all its sequences); the row cache grows with the number of distinct ids
+    seen (powers of two from 64 rows), never to the whole vocabulary up front. For inference only:
+    the lookups read a copy, so no gradient would reach the tables.
     """
 
     def __init__(self, tables, device):
@@ -607,9 +613,12 @@ class GPT(nn.Module):
             gamma_v, alpha_v = 1, beta_v = 0
             ve_gate (gated)          uniform(0, 0.02), gate ~ 1.5
             E_v (BoV)                RMSNorm(wte) W_V of its layer (the paper's Section 5), so the first
-                                     pass equals the x0 W_V variant. A BoV layer draws its W_V like any
-                                     other layer, uses it for E_v, then drops it. A shared table takes
-                                     the first target layer's W_V.
+                                     pass equals the x0 W_V variant. A shared table takes the first
+                                     target layer's W_V.
+        Every layer draws a W_V, used or not, so that every variant consumes the same random stream (and
+        starts from the same weights as the others): a BoV layer uses its W_V for E_v, then drops it; a
+        layer whose V is replaced by V1 drops it. The initial values set in the modules' __init__ are
+        never used: the model is built on the meta device and every value is set here.
             E (gated)                uniform(-s, s), as nanochat's value embeddings
         """
         cfg = self.config
@@ -621,7 +630,7 @@ class GPT(nn.Module):
             a = block.attn
             nn.init.uniform_(a.c_q.weight, -s, s)
             nn.init.uniform_(a.c_k.weight, -s, s)
-            w_v[i] = nn.init.uniform_(torch.empty_like(a.c_q.weight), -s, s)
+            w_v[i] = nn.init.uniform_(torch.empty_like(a.c_q.weight), -s, s)  # (c_q's shape: c_v may not exist)
             if a.c_v is not None:
                 a.c_v.weight.copy_(w_v[i])
             nn.init.zeros_(a.c_proj.weight)
@@ -691,13 +700,15 @@ class GPT(nn.Module):
         return logits, (loss.view(B, T) if reduction == "none" else loss)
 
     def decode_bag_index(self, cache, pos):
-        """(B, H, pos + 1) int64: for each cached position and head h, the row H r + h of the (N H, D) view of
-        a table that holds head h of the position's table row r, which Attention.table_decode_step bags."""
-        rows = cache.ids[:, None, :pos + 1]  # (B, 1, pos + 1) token ids, the rows of a table
+        """(B, H, pos + 1) int64, bag_index[b, h, j] = H r + h with r = ids[b, j]: a (N, C) table viewed as
+        (N H, D) has one row per (token, head), and its row H r + h is head h of table row r. With offloaded
+        tables r is the id's row in the device row cache. Built once per decode step over every cached
+        position; each BoV layer bags the last `window` columns (PassContext.bag, Attention.table_decode_step)."""
+        r = cache.ids[:, None, :pos + 1]  # (B, 1, pos + 1) token ids: rows of a table
         if self.offload is not None:
-            rows = self.offload.slot[rows.long()]  # the rows of the device row cache instead
-        H = self.config.n_head  # row r of a (N, C) table is rows r H .. r H + H - 1 of its (N H, D) view
-        return rows * H + torch.arange(H, device=rows.device)[:, None]  # (B, H, pos + 1)
+            r = self.offload.slot[r.long()]  # their rows in the device row cache instead
+        H = self.config.n_head
+        return r * H + torch.arange(H, device=r.device)[:, None]  # (B, H, pos + 1)
 
     def offload_tables(self, device):
         """Run on `device` with the value tables left in host memory (see TableOffload)."""
@@ -792,7 +803,7 @@ class GPT(nn.Module):
         except Exception as e:  # from another version, or edited: say which entry does not fit
             lines = [l.strip() for l in str(e).splitlines() if l.strip()] or [type(e).__name__]
             raise ValueError(f"cannot read checkpoint {path}: {type(e).__name__}: {' '.join(lines[:2])[:300]}") from None
-        model.cos, model.sin = rope_tables(config.block_size, config.head_dim)
+        model.cos, model.sin = rope_tables(config.block_size, config.head_dim)  # not saved: the meta-built model needs real ones
         return model.to(device).eval(), ckpt
 
     # -- generation -----------------------------------------------------------
