@@ -1,7 +1,7 @@
 """
 Benchmark two presets side by side (default: baseline vs bov) and print one readable table.
 
-    python bench.py                               # size "cpu" on a CPU (paper_135m on a GPU): a few minutes
+    python bench.py                               # size "cpu" on a CPU (paper_135m with --device cuda): a few minutes
     python bench.py --quick                       # a smoke run: one round, few steps
     python bench.py --variants baseline bov_shared_table --size paper_780m
     python bench.py --json > bench.json           # the same numbers for machines
@@ -13,15 +13,17 @@ What it reports, per preset A and B and as the ratio B/A:
   accounting   dense and table parameters, training FLOPs/token (GPT.estimate_flops), and the tokens that
                the paper's FLOPs budgets buy (1.5e18 at paper_135m, Section 3; 3.91e19 at paper_780m,
                Section 5); analytic, on the meta device, for the two paper sizes and the measured size (with --config)
-  FLOPs        measured with FlopCounterMode on one forward+backward of the benchmark model, next to the
-               estimate (windows made full, "L": the counter counts masked attention as dense)
+  FLOPs        measured with FlopCounterMode on one forward+backward of a fresh model of the measured size,
+               next to its estimate, both with every window made full ("L": the counter counts masked
+               attention as dense), so above the accounting's figure, which counts the sliding windows
   KV cache     analytic bytes (bfloat16) per sequence and per batch of --serve_batch at 1K..1M tokens, the
                value tables' own bytes and the net saving of B over A: eq. 6, dKV = (L/3) d (T - |V|),
                in bytes, less the int32 token id per token that a BoV cache keeps. Breakeven: the context
-               where the net saving is 0 (the paper's T = |V| for one sequence; B*T = |V| for a batch
-               that shares the tables)
-  cache        the bytes the decode cache really allocated (KVCache.nbytes(), after a prefill to the
-               largest context) next to GPTConfig.kv_cache_bytes, and B/A bytes per token next to B's
+               where the net saving is 0 (the paper's T = |V| for one sequence; n T = |V| for the n =
+               --serve_batch sequences of a batch that share the tables)
+  cache        the bytes the decode cache really allocated (KVCache.nbytes() of the cache preallocated for
+               the decode model's block_size, filled by a prefill to the largest context) next to
+               GPTConfig.kv_cache_bytes, and B/A bytes per position next to B's
                (2L - n_vfree) d s (+ 4 with tables) over A's: ((2L - n_vfree) d s + 4) / (2L d s) for BoV / baseline
   speed        prefill and decode tokens/s at --contexts (each: prefill --decode_batch sequences of
                random ids to context - steps, then --steps greedy one-token decode steps, A's and B's
@@ -32,7 +34,8 @@ What it reports, per preset A and B and as the ratio B/A:
                for --rounds rounds after one warm-up, the order alternating (A B, B A, ...) so that
                neither always runs first. The table gives each preset's median and, as B/A, the median
                of the per-round ratios with their quartiles: read the ratio, which pairs A and B run
-               side by side; the two medians come from different rounds and may disagree with it.
+               side by side; the two medians come from different rounds and may disagree with it. B/A > 1
+               is B faster in the tok/s rows, and B slower or larger in the ms and memory rows.
 The decode model has block_size = the largest context, or the preset's own if that is larger (the "cpu"
 size trains at 256), so its sliding windows are a quarter of that, rounded up to 128; the train step uses the preset's own block_size.
 """
@@ -61,7 +64,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from torch.utils.weak import WeakIdKeyDictionary
 
 from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory
-from prepare_data import atomic_write, json_lines, out_dir_problem, silence_stdout, whole_number
+from prepare_data import atomic_write, json_lines, out_dir_problem, plural, silence_stdout, whole_number
 from sample import autocast, check_device, resolve_dtype
 
 PAPER_BUDGETS = {"paper_135m": 1.5e18, "paper_780m": 3.91e19}  # training FLOPs of the paper's runs
@@ -216,7 +219,8 @@ def peak_bytes(device, fn, existing):
 
 
 class Bench:
-    """One preset built for decoding (block_size = the largest context, at least the preset's) and one for training."""
+    """One preset built twice: `decoder` (block_size = the largest context, at least the preset's; its cache in
+    `self.cache`) and `train_model` with its optimizers; plus the fixed random batch (x, y) and prompts they run on."""
 
     def __init__(self, size, variant, overrides, max_context, batch, device, dtype, decode_batch=1):
         self.device, self.dtype = device, dtype
@@ -242,14 +246,16 @@ class Bench:
 
     @torch.no_grad()
     def step(self, tok):
-        """One greedy one-token decode step: the next tokens (B, 1)."""
-        with autocast(self.device, self.dtype):
-            logits, _ = self.decoder(tok, cache=self.cache)
+        """One greedy one-token decode step: the next tokens (B, 1), under the caller's autocast (decode and
+        time_decode hold one across all the steps, as sample.py does: an autocast entered and left at each
+        step would drop autocast's bf16 copies of the weights and cast every weight again)."""
+        logits, _ = self.decoder(tok, cache=self.cache)
         return logits[:, -1].argmax(-1, keepdim=True)
 
     def decode(self, tok, steps):
-        for _ in range(steps):
-            tok = self.step(tok)
+        with autocast(self.device, self.dtype):
+            for _ in range(steps):
+                tok = self.step(tok)
         tok.tolist()  # wait for the device
 
     def timed(self, fn, *args):
@@ -286,29 +292,30 @@ class Bench:
 
 
 def time_decode(benches, context, steps, order):
-    """Prefill and decode tok/s of each bench at `context`: each prefills context - steps tokens, then
-    the two decode `steps` one-token steps in turn, A B, B A, ..., each step timed on its own, so that
-    both see the same moments of a busy machine. -> ([prefill tok/s], [decode tok/s]) in bench order."""
-    prefill, toks, spent = [0.0] * len(benches), [None] * len(benches), [0.0] * len(benches)
-    # one autocast around all the steps, as sample.py holds one around its loop: each step's own autocast, entered
-    # and left, would clear autocast's cache of bf16 weight copies and cast every fp32 Linear weight again per step
-    with autocast(benches[0].device, benches[0].dtype):
+    """Prefill and decode tok/s of each bench at `context` -> ([prefill tok/s], [decode tok/s]) in bench order.
+    Each bench prefills context - steps tokens; then the benches take `steps` one-token decode steps in turn
+    (A B, B A, ...), each timed alone, so that both meet the same moments of a busy machine."""
+    prefill_s, decode_s, toks = [0.0] * len(benches), [0.0] * len(benches), [None] * len(benches)
+    with autocast(benches[0].device, benches[0].dtype):  # one for all the steps (Bench.step says why)
         for k in order:
-            toks[k], prefill[k] = benches[k].timed(benches[k].prefill, context - steps)
+            toks[k], prefill_s[k] = benches[k].timed(benches[k].prefill, context - steps)
         for s in range(steps):
             for k in (order if s % 2 == 0 else order[::-1]):
                 toks[k], t = benches[k].timed(benches[k].step, toks[k])
-                spent[k] += t
-    tokens = [b.prompt.size(0) for b in benches]
-    return ([n * (context - steps) / t for n, t in zip(tokens, prefill)],
-            [n * steps / t for n, t in zip(tokens, spent)])
+                decode_s[k] += t
+    seqs = [b.prompt.size(0) for b in benches]  # --decode_batch each
+    return ([n * (context - steps) / t for n, t in zip(seqs, prefill_s)],
+            [n * steps / t for n, t in zip(seqs, decode_s)])
 
 
 def paired(a, b):
     """medians of A and B, and the median and quartiles of the per-round ratios B/A (their spread
     says how far to trust the ratio on a busy machine)."""
     ratios = sorted(y / x for x, y in zip(a, b))
-    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3  # within the data
+    if len(ratios) == 1:  # one round: no spread
+        q1 = q3 = ratios[0]
+    else:
+        q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")  # inclusive: within the data
     return dict(a=statistics.median(a), b=statistics.median(b), ratio=statistics.median(ratios), ratio_q1=q1, ratio_q3=q3)
 
 
@@ -456,7 +463,7 @@ def number(x):
 
 
 def read_metrics(path):
-    """[(tokens or step, val_bpb)] from a train.py metrics JSONL file (records without val_bpb skipped);
+    """[(tokens, val_bpb)] from a train.py metrics JSONL file (records without val_bpb skipped);
     BenchError for a record whose numbers or coefficients ({layer: {name: value}}) are not finite numbers."""
     points = []
     for r in read_records(path):
@@ -466,9 +473,9 @@ def read_metrics(path):
             raise BenchError(f"{path}: a record's coefficients are not {{layer: {{name: number}}}}: {str(coeffs)[:60]}")
         if r.get("val_bpb") is None:
             continue
-        x = r.get("tokens", r.get("step"))
+        x = r.get("tokens")  # train.py writes it in every record; the curves are drawn against tokens
         if not (number(r["val_bpb"]) and number(x)):
-            raise BenchError(f"{path}: a record's val_bpb and tokens (or step) are not finite numbers: {r['val_bpb']!r}, {x!r}")
+            raise BenchError(f"{path}: a record's val_bpb and tokens are not finite numbers: {r['val_bpb']!r}, {x!r}")
         points.append((x, r["val_bpb"]))
     if not points:
         raise BenchError(f"{path} has no records with val_bpb")
@@ -550,8 +557,9 @@ def report(r):
         lines.append(f"  {row['size']:<11} {row['variant']:<18} {row['dense_params']:>13,} {row['table_params']:>13,} "
                      f"{row['flops_per_token']:>14,} {budget:>8} {tokens:>7}")
     f = r["flops_measured"]
-    lines += ["", f"FLOPs per token measured (FlopCounterMode, one forward+backward of {f['tokens']} tokens, window_pattern L: "
-              f"every window the whole context, so these differ from the plan's FLOPs)"]
+    lines += ["", f"FLOPs per token measured (FlopCounterMode, one forward+backward of {f['tokens']} tokens) against "
+              f"estimate_flops, both with window_pattern L (every window the whole context): above the table's, "
+              f"which counts the sliding windows"]
     for k, name in (("a", a), ("b", b)):
         lines.append(f"  {name:<18} measured {f[k]['measured']:>14,.0f}   estimate {f[k]['estimate']:>14,}   "
                      f"measured/estimate {f[k]['measured'] / f[k]['estimate']:.4f}")
@@ -569,8 +577,9 @@ def report(r):
             breakeven = f"T = {be:,.1f} tokens for one sequence"
             if paper is not None:
                 breakeven += f" (eq. 6: T = {paper:,})"
-            breakeven += (f", B saves from T = {kv['saves_from_context']:,}; for the batch, T = "
-                          f"{kv['breakeven_context_batch']:,.1f} (B*T = {be:,.1f}), B saves from T = {kv['saves_from_context_batch']:,}")
+            breakeven += (f", B saves from T = {kv['saves_from_context']:,}; {kv['batch']} sequences sharing the tables: "
+                          f"T = {kv['breakeven_context_batch']:,.1f} each ({kv['batch']} x T = {be:,.1f}), B saves from "
+                          f"T = {kv['saves_from_context_batch']:,}")
         lines.append(f"  breakeven: {breakeven}")
         lines.append(f"  {'context':>8} {'A / seq':>11} {'B / seq':>11} {'A / batch':>11} {'B / batch':>11} "
                      f"{'saving / seq':>13} {'saving / batch':>15}")
@@ -580,18 +589,21 @@ def report(r):
                          f"{human(n * row['seq_bytes_a']):>11} {human(n * row['seq_bytes_b']):>11} "
                          f"{human(row['net_saving_seq']):>13} {human(row['net_saving_batch']):>15}")
     c = r["cache_allocated"]
-    lines += ["", f"Decode cache allocated (KVCache.nbytes() after a prefill to {c['a']['context']} tokens, {c['a']['dtype']}"
-              + (f", {c['a']['batch']} sequences; bytes/token per sequence" if c['a']['batch'] > 1 else "") + ")"]
+    lines += ["", f"Decode cache allocated (KVCache.nbytes() of a cache preallocated for {c['a']['max_len']:,} positions, "
+              f"filled by a prefill to {c['a']['context']:,}, {c['a']['dtype']}"
+              + (f", {c['a']['batch']} sequences; bytes/position per sequence" if c['a']['batch'] > 1 else "") + ")"]
     for k, name in (("a", a), ("b", b)):
         same = "==" if c[k]["allocated"] == c[k]["analytic"] else "!="
         lines.append(f"  {name:<18} {c[k]['allocated']:>14,} bytes {same} analytic {c[k]['analytic']:>14,}   "
-                     f"{c[k]['per_token']:,.0f} bytes/token")
-    lines.append(f"  B/A bytes per token {c['ratio_per_token']:.6f}, expected ((2L - n_vfree) d s + ids) of B over A "
+                     f"{c[k]['per_token']:,.0f} bytes/position")
+    lines.append(f"  B/A bytes per position {c['ratio_per_token']:.6f}, expected ((2L - n_vfree) d s + ids) of B over A "
                  f"{c['ratio_expected']:.6f}")
     s = r["speed"]
     compiled = "torch.compile'd, " if s["compile"] else ""
-    lines += ["", f"Speed and memory ({compiled}{s['rounds_run']} rounds, A and B interleaved, alternating order; medians; "
-              f"B/A = median and quartiles of the per-round ratios)"]
+    lines += ["", f"Speed and memory ({compiled}{plural(s['rounds_run'], 'round')} after a warm-up, A and B interleaved, "
+              f"alternating order; A, B: medians; B/A: median of the per-round ratios, their quartiles beside it;",
+              "  B/A > 1 is B faster in the tok/s rows, B slower or larger in the ms and memory rows; peak memory is "
+              "measured once, after the rounds)"]
     if s["peak_bytes"] is None:
         lines.append("  (peak memory not measured: on the CPU it is counted by a dispatch mode, under which compiled code does not run)")
     if s.get("recompiled"):
@@ -657,12 +669,12 @@ def parse_args(argv=None):
                    "(Fig 5a, val curves, Fig 2 coefficients) and skip the benchmark")
     p.add_argument("--variants", nargs=2, default=["baseline", "bov"], metavar=("A", "B"), help="the two presets (default: baseline bov)")
     p.add_argument("--size", choices=list(SIZES),
-                   help="size of the measured models (default: paper_135m when --device is a GPU, else cpu)")
+                   help="size of the measured models (default: paper_135m when --device is cuda or cuda:N, else cpu)")
     p.add_argument("--config", help="GPTConfig overrides of the measured size, for both presets, e.g. n_layer=6,n_embd=48,vocab_size=97")
     p.add_argument("--contexts", default="128,1024,4096", help="decode contexts, comma-separated (default 128,1024,4096)")
     p.add_argument("--steps", type=int, help="decode steps timed at each context (default 32; --quick 4)")
     p.add_argument("--rounds", type=int, help="interleaved A B rounds after the warm-up (default 7; --quick 1)")
-    p.add_argument("--batch", type=int, help="sequences per train step (default 8; --quick 2)")
+    p.add_argument("--batch", type=int, help="sequences per train step, the speed table's train row (default 8; --quick 2)")
     p.add_argument("--decode_batch", type=int, default=1, help="sequences decoded together in the speed runs (default 1)")
     p.add_argument("--serve_batch", type=int, default=32, help="batch of the analytic KV-cache table (default 32)")
     p.add_argument("--quick", action="store_true", help="a smoke run: --rounds 1 --steps 4 --batch 2 unless given")
@@ -680,8 +692,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.size is None:  # from --device, not from what the machine has: --device cpu on a GPU box measures cpu
         args.size = "paper_135m" if args.device.startswith("cuda") else "cpu"
-    quick = dict(steps=4, rounds=1, batch=2) if args.quick else dict(steps=32, rounds=7, batch=8)
-    for k, v in quick.items():
+    defaults = dict(steps=4, rounds=1, batch=2) if args.quick else dict(steps=32, rounds=7, batch=8)
+    for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
     for k in ("steps", "rounds", "batch", "decode_batch", "serve_batch", "threads"):

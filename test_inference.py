@@ -492,8 +492,9 @@ def test_bench_kv_memory_follows_eq6(bench_json):
     lines = bench.report(bench_json).splitlines()
     line = next(l for l in lines[next(i for i, l in enumerate(lines) if "KV cache at size paper_780m" in l):] if "breakeven:" in l)
     assert line == (f"  breakeven: T = {kv['breakeven_tokens']:,.1f} tokens for one sequence (eq. 6: T = 32,768), B saves from "
-                    f"T = {kv['saves_from_context']:,}; for the batch, T = {kv['breakeven_context_batch']:,.1f} "
-                    f"(B*T = {kv['breakeven_tokens']:,.1f}), B saves from T = {kv['saves_from_context_batch']:,}")
+                    f"T = {kv['saves_from_context']:,}; {kv['batch']} sequences sharing the tables: T = "
+                    f"{kv['breakeven_context_batch']:,.1f} each ({kv['batch']} x T = {kv['breakeven_tokens']:,.1f}), B saves "
+                    f"from T = {kv['saves_from_context_batch']:,}")
 
 
 @pytest.mark.parametrize("a, b, paper, breakeven", [
@@ -576,7 +577,7 @@ def test_bench_speed_table_lines_up(bench_json):
     """Long labels (", batch 2") and long variant names keep the B/A column in one place."""
     for names in ((), ("value_embed_gated", "bov_shared_table")):
         r = dict(bench_json, variants=dict(zip("ab", names))) if names else bench_json
-        lines = bench.report(r).split("Speed and memory")[1].splitlines()[1:]
+        lines = bench.report(r).split("Speed and memory")[1].splitlines()[2:]  # after its two lines of legend
         end = lines[0].index("B/A") + 3
         assert all(float(line[end - 7:end]) > 0 for line in lines[1:]) and len(lines) >= 6
         assert all(name in lines[0] for name in names)
@@ -720,7 +721,7 @@ def test_bench_compile_compiles_every_graph_in_the_warm_up(monkeypatch, capsys):
     assert r["speed"]["compile"] is True and r["speed"]["recompiled"] == 0
     assert r["speed"]["peak_bytes"] is None  # on the CPU not measurable compiled: not reported as if it were
     assert counters["stats"]["unique_graphs"] - before >= 4  # prefill and step of each decoder at least, and the train steps
-    assert "torch.compile'd, 1 rounds" in bench.report(r) and "WARNING" not in bench.report(r)
+    assert "torch.compile'd, 1 round after a warm-up" in bench.report(r) and "WARNING" not in bench.report(r)
     assert "(peak memory not measured: on the CPU" in bench.report(r)
     r["speed"]["recompiled"] = 3
     assert "WARNING: 3 graphs were compiled after the warm-up" in bench.report(r)
