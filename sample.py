@@ -160,14 +160,15 @@ def load(ckpt_path, device, data_dir=None, offload_tables=False):
 def sample_one(model, tokenizer, prompt_ids, args, generator, out):
     """Stream one sample (the prompt, then each new token) to `out`; return (prompt tokens, prefill
     seconds, decoded tokens, decode seconds). The first new token comes out of the prefill, every
-    later one out of a one-token decode step. prompt_ids starts with <|bos|> (encode_prompt), not printed."""
+    later one out of a one-token decode step, but for the step at which a full cache restarts from the last
+    half block (past block_size; GPT.stream), whose prefill counts as decode time. prompt_ids starts with
+    <|bos|> (encode_prompt), not printed."""
     stream = TextStream(tokenizer, out)
     stream.write(prompt_ids[1:])
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=args.device)
     t0 = time.perf_counter()
     t_first, n = None, 0
-    top_k = args.top_k or None  # --top_k 0: every token
-    for tok in model.stream(idx, args.max_new_tokens, args.temperature, top_k, use_cache=True, generator=generator):
+    for tok in model.stream(idx, args.max_new_tokens, args.temperature, args.top_k, generator=generator):  # top_k 0: all
         stream.write(tok[0].tolist())  # .tolist() waits for the device: the timings are real
         n += 1
         if t_first is None:

@@ -558,6 +558,8 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path, capsys, monkeypatch)
 
     assert error([*base, "--n_layers=3"]) == "unknown setting --n_layers; did you mean --n_layer or --bov_layers?"
     assert error([*base, "--batch_size=4"]).startswith("unknown setting --batch_size; nanoGPT's batch_size is device_batch_size")
+    assert error([*base, "--grad_clip=1.0"]).startswith("unknown setting --grad_clip; nanoGPT's grad_clip is not here: no clipping")
+    assert "nanoGPT's dropout is not in this model" in error([*base, "--dropout=0.1"])
     assert error([*base, "--zzz=1"]).startswith("unknown setting --zzz; settings are: size, variant, data_dir,")
     (tmp_path / "typo.py").write_text("max_iter = 3\n")
     assert error([str(tmp_path / "typo.py"), *base]) == f"unknown setting max_iter in config file {tmp_path / 'typo.py'}; did you mean max_iters?"

@@ -11,6 +11,11 @@ Settings resolve in this order: the defaults below, the size's recipe (SIZE_DEFA
 files (Python assignments) and --key=value in the order given, a later one winning (a budget on the
 command line wins over a config file's wherever it stands). Any GPTConfig
 field (n_layer, bov_layers, ...) is a key too. The resolved settings are printed and saved in the checkpoint.
+
+Where the recipe lives: the defaults and SIZE_DEFAULTS below; lr_multiplier (the schedule); model.py's
+GPT.configure_optimizers (the Muon / AdamW split, betas, width scaling); Batches (the data); evaluate (val
+loss and bpb); run(), from "# the loop" (the step, the log line, metrics.jsonl). The rest refuses a bad run
+in one line (settings, resume checks, locks, signals, torchrun) and can be skipped on a first read.
 """
 
 import bisect
@@ -44,7 +49,8 @@ from sample import autocast as sample_autocast, check_device
 
 # -----------------------------------------------------------------------------
 # Defaults. Learning rates are the peak rates of the paper's 135M run (Table 6; table_lr from Section 5); configure_optimizers
-# scales the AdamW ones of embedding, lm_head and tables by (n_embd/768)^-0.5 as nanochat does.
+# scales the AdamW ones of embedding, lm_head and tables by (n_embd/768)^-0.5 as nanochat does. A run takes these,
+# then SIZE_DEFAULTS[size]: the default size "cpu" replaces the batch, warmup, eval and log settings below.
 size = "cpu"
 variant = "bov"
 data_dir = DEFAULT_DATA_DIR
@@ -56,15 +62,15 @@ max_iters = 0
 total_batch_tokens = 524288  # tokens per optimizer step, over all ranks and accumulation steps
 device_batch_size = 16       # sequences per forward pass on one device
 # optimisation
-matrix_lr = 0.02             # Muon
+matrix_lr = 0.02             # Muon: every 2-D matrix in the blocks (torch scales it by sqrt(max(1, rows/cols)))
 embedding_lr = 0.30          # AdamW
 unembedding_lr = 0.008
-scalar_lr = 0.50             # gamma_v and the add coefficients
-table_lr = 0.15              # the BoV value tables
+scalar_lr = 0.50             # gamma_v, or alpha_v and beta_v of the add variants
+table_lr = 0.15              # every value table: BoV's E_v, and value_embed_gated's embeddings
 weight_decay = 0.28          # Muon only
 warmup_iters = 40
-warmdown_frac = 0.35         # linear warmdown over the last 35% of the iterations ...
-final_lr_frac = 0.05         # ... down to 5% of the peak
+warmdown_frac = 0.35         # linear warmdown over the last 35% (Table 6's "from 0.65"; the authors' code: 0.65, README) ...
+final_lr_frac = 0.05         # ... towards 5% of the peak, reached at step == iters (the last update has a little more)
 # evaluation, logging, checkpoints
 eval_interval = 250          # steps between validations (and checkpoints); the last step always evaluates
 eval_tokens = 10 * 524288    # size of the fixed validation slice (the paper's 41.9M: --eval_tokens=41.9e6)
@@ -167,6 +173,12 @@ NANOGPT_NAMES = {
     "init_from": "resume (--resume continues the run in out_dir)",
     "eval_iters": "eval_tokens (a fixed validation slice)",
     "wandb_log": "not here: every evaluation goes to out_dir/metrics.jsonl, which `bench.py --plot` draws",
+    "grad_clip": "not here: no clipping, as in nanochat (add torch.nn.utils.clip_grad_norm_ before opt.step() in run())",
+    "decay_lr": "warmdown_frac (--warmdown_frac=0 keeps the peak rate to the end)",
+    "beta1": "fixed in model.py's configure_optimizers (AdamW betas 0.8, 0.95; Muon momentum 0.95)",
+    "beta2": "fixed in model.py's configure_optimizers (AdamW betas 0.8, 0.95; Muon momentum 0.95)",
+    "dropout": "not in this model (nanochat has none either)",
+    "bias": "not in this model (no biases, as nanochat)",
 }
 
 
@@ -301,14 +313,15 @@ def plan_iterations(s, flops_per_token):
 class Batches:
     """Deterministic, resumable training rows of T + 1 tokens (inputs and shifted targets).
 
-    Every epoch, the documents (each starts at <|bos|>) are shuffled with the seed and the epoch,
-    documents longer than a row are cut into full rows at stride T, and what is left of each document
-    is packed best-fit into rows: a whole document anywhere, the tail of a cut one only at the start
-    of a row of its own (its first token was the last target of the document's previous row); room a
-    row cannot fill is padding with target -1. So every token but <|bos|> is the target of exactly one
-    row per epoch (a <|bos|> at most once: not where it starts a row), and a row starts at <|bos|>
-    unless it continues a document. The state is (epoch, row)
-    and goes into checkpoints; every rank reads the same rows and takes its own slice of them.
+    Every epoch:
+      - the documents (each starts at <|bos|>) are shuffled with the seed and the epoch;
+      - a document longer than a row is cut into full rows at stride T;
+      - what is left of each document is packed best-fit into rows: a whole document anywhere, the tail
+        of a cut one only at the start of a row of its own (its first token was the last target of the
+        document's previous row); room a row cannot fill is padding, with target -1.
+    So every token but <|bos|> is the target of exactly one row per epoch (a <|bos|> at most once: not
+    where it starts a row), and a row starts at <|bos|> unless it continues a document. The state is
+    (epoch, row) and goes into checkpoints; every rank reads the same rows and takes its own slice.
     """
 
     OPEN_ROWS = 256  # rows kept open for best-fit packing: more fill them better; each placement shifts a list this long
@@ -414,8 +427,9 @@ def val_rows(val_shards, T, n_tokens):
 
 @torch.no_grad()
 def evaluate(model, rows, token_bytes, batch_size, device, autocast, rank=0, world=1):
-    """Validation loss (nats per token) and bits per byte: the summed nats of the targets that are text
-    (special tokens have 0 bytes and are left out, as in nanochat) / ln 2 / their summed UTF-8 bytes."""
+    """Validation loss (nats per target token, <|bos|> targets included) and bits per byte: the summed nats of
+    the targets that are text (special tokens have 0 bytes and are left out, as in nanochat) / ln 2 / their
+    summed UTF-8 bytes."""
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # nats, tokens, text nats, text bytes
     tb = torch.as_tensor(token_bytes, device=device)
@@ -953,7 +967,7 @@ def run(argv):
 
     def check_finite(value, what, step):
         if not math.isfinite(value):
-            RUN["alike"] = True  # losses are averaged over the ranks: every rank stops here
+            RUN["alike"] = True  # losses are averaged over the ranks: every rank stops here, rank 0 alone says so
             kept = f"the last good checkpoint is {ckpt_path}" if os.path.exists(ckpt_path) else "no checkpoint was written"
             raise ConfigError(f"{what} is {value} at step {step}; stopping ({kept}). Try a lower learning rate.")
 
@@ -971,6 +985,8 @@ def run(argv):
             t_last = time.time()  # the step timings leave out evaluation and checkpointing
         if last:
             break
+        # the schedule: each group's peak rate (initial_lr, set by configure_optimizers: Muon's matrices; AdamW's
+        # embedding, lm_head, tables, scalars) times lrm; Muon's weight decay is lr x weight_decay, so it follows too
         lrm = lr_multiplier(step, iters, s["warmup_iters"], s["warmdown_frac"], s["final_lr_frac"])
         for opt in optimizers:
             for g in opt.param_groups:
@@ -1009,6 +1025,7 @@ def run(argv):
             eta = (now - t_start) / (step - start_step) * (iters - step)
             log(f"step {step}/{iters} | loss {smooth_debiased:.4f} | lrm {lrm:.2f} | "
                 f"dt {dt * 1000:.0f} ms | tok/s {tok_s:,.0f}{mfu} | eta {eta / 60:.1f}m")
+            # the step's own loss (the log shows the moving average); metrics.jsonl is written at each checkpoint
             metrics.append({"type": "train", "step": step, "tokens": step * s["total_batch_tokens"], "loss": loss_val, "lrm": lrm})
 
     final = metrics[-1] if metrics and metrics[-1]["type"] == "eval" else run_eval(step)
