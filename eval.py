@@ -65,7 +65,9 @@ EVAL_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundl
 # text between a question and its answer. Note ARC-Easy and ARC-Challenge 25-shot and Winogrande 5-shot
 # there, where DCLM's low-variance config and current nanochat use 10, 10 and 0.
 # A label is the task's "Eval Task" in eval_meta_data.csv (its random baseline). A task of an existing kind
-# is one line here; a new kind needs its FIELDS, item_problem, render, encode and its rule in evaluate_task.
+# is one line here, plus its file under the bundle's eval_data/ and a row with its random baseline in
+# eval_meta_data.csv (a copy of the bundle, given with --bundle); a new kind needs its FIELDS, item_problem,
+# render, encode and its rule in evaluate_task. The bundle's own core.yaml (nanochat's) is not read: this is.
 # CORE averages every task here: a 22nd line makes it no longer the paper's.
 Task = namedtuple("Task", "path kind shots delimiter")
 ANSWER = "\nAnswer: "
@@ -449,9 +451,11 @@ def main(argv=None):
                                 "quick check never replaces a full result).")
     p.add_argument("--ckpt", required=True, help="checkpoint written by train.py, or its run folder")
     p.add_argument("--tasks", help=f"comma-separated subset of: {', '.join(TASKS)} (default: all)")
-    p.add_argument("--max_per_task", type=int, help="evaluate at most N items of each task (default: all)")
+    p.add_argument("--max_per_task", type=int, help="evaluate at most N items of each task, the first N after a fixed "
+                   "shuffle (seed 1337, as nanochat) (default: all)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu | cuda | cuda:N | mps")
-    p.add_argument("--data_dir", help="prepared-data folder whose tokenizer to use (default: the one in the checkpoint)")
+    p.add_argument("--data_dir", help="prepared-data folder whose tokenizer to use (default: the folder the checkpoint "
+                   "was trained on, recorded in it; its tokenizer's SHA-256 is checked either way)")
     p.add_argument("--bundle", help="unzipped eval_bundle folder (default: ~/.cache/bov/eval_bundle, downloaded once)")
     p.add_argument("--batch_size", type=int, default=16, help="sequences per forward pass (default 16)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],

@@ -8,15 +8,24 @@ Prepare a token dataset for bov: train a BPE tokenizer, encode documents, write 
 
 Every document starts with the bos token. Output files in the data dir:
     tokenizer.json      pattern + base64 token bytes by id + the bos token (load with tiktoken alone)
-    token_bytes.npy     int32 [vocab_size]: UTF-8 byte length of each token id (bos: 0), for bits per byte
+    token_bytes.npy     int32 [vocab_size]: the bytes each token id stands for (bos: 0), so that a text's tokens
+                        sum to its UTF-8 length, for bits per byte (nanochat decodes each token to text first,
+                        counting a token that splits a character as U+FFFD's 3 bytes: README, "Differences")
     train_00000.bin ... val_00000.bin ...   shards: 24-byte header + flat little-endian token ids
     meta.json           written last; its presence means the preparation is complete
     progress.json       while a preparation is under way: what a rerun resumes from
     .lock               the folder lock (see lock_folder)
 
 Reading the file top to bottom: shared file helpers, the files' format, the loading API, network
-checks, sources, tokenizers, encoding, prepare() (the main flow), the command line. To add a source,
-see source_kind, Source and resolve_config; the val/train split is Source.is_val_candidate.
+checks, sources, tokenizers, encoding, prepare() (the main flow), the command line.
+
+Adding a dataset:
+  - usually no code: --source=hf:NAME[:CONFIG] --column=FIELD streams any Hugging Face dataset, and
+    --source=files:GLOB reads .txt/.md (a document per file) or .jsonl/.parquet (a document per row);
+  - a named source like climbmix: SOURCE_DEFAULTS, source_kind, prepare_command and parse_args' epilog;
+  - a new reader: a branch in Source.__init__ and Source.rows (documents in a fixed order: the row
+    number decides the split), and its flag rules in resolve_config;
+  - another val split: Source.is_val_candidate (and _meta_summary's val_rule, which meta.json records).
 
 The loading API (load_meta, load_tokenizer, tokenizer_sha256, load_tokens, load_token_bytes) is what
 train.py and sample.py use; train.py, bench.py and eval.py also use the file and network helpers.
@@ -66,6 +75,7 @@ CLIMBMIX = "karpathy/climbmix-400b-shuffle"
 
 # per kind of source, the defaults that the flags override. climbmix's are the paper's: a 32768-token
 # vocab (Table 6) and a held-out split of about 41.9M tokens; 2.2e9 train tokens hold a 135M run's 1.97B
+# (baseline) or 2.01B (BoV)
 SOURCE_DEFAULTS = {  # train_tokens None: the whole source; val_tokens None: all val candidates
     "shakespeare": dict(out_dir=DEFAULT_DATA_DIR, vocab_size=4096, train_tokens=None, val_tokens=None),
     "climbmix": dict(out_dir="data/climbmix", vocab_size=32768, train_tokens=2_200_000_000, val_tokens=41_900_000),
@@ -791,7 +801,10 @@ def train_bpe_json(source, vocab_size, max_chars):
 
 
 def new_tokenizer_json(source, config):
-    """tokenizer.json content for config: tiktoken's GPT-2, or a BPE trained on source's training rows."""
+    """tokenizer.json content for config: tiktoken's GPT-2, or a BPE trained on source's training rows.
+    Another tokenizer: a function that returns _tokenizer_json(...) of its pattern and its tokens' bytes by
+    id, added here, to --tokenizer's choices and to resolve_config's vocabulary rule. The format holds one
+    special token, <|bos|>, at the last id, after dense ids 0..vocab_size-2."""
     if config["tokenizer"] == "gpt2":
         return gpt2_tokenizer_json()
     return train_bpe_json(source, config["vocab_size"], config["tokenizer_chars"])
@@ -1111,14 +1124,14 @@ def prepare(config, out_dir, force=False, held=None):
 # command line
 
 def _count(s):
-    """argparse type for token/char counts: accepts 2e9, 41.9e6, 1000000."""
+    """argparse type for token/char counts: accepts 2e9, 41.9e6, 1000000 (whole_number: exact at any size)."""
     try:
-        x = float(s)
+        n = whole_number(s)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {s!r}")
-    if not math.isfinite(x) or x < 1 or x != int(x):
+        n = 0
+    if n < 1:
         raise argparse.ArgumentTypeError(f"must be a positive whole number: {s!r}")
-    return int(x)
+    return n
 
 
 def parse_args(argv=None):
