@@ -1,7 +1,7 @@
 """
 Benchmark two presets side by side (default: baseline vs bov) and print one readable table.
 
-    python bench.py                               # size "cpu" on a CPU (paper_135m with --device cuda): a few minutes
+    python bench.py                               # size "cpu" on a CPU, paper_135m on CUDA (--device): a few minutes
     python bench.py --quick                       # a smoke run: one round, few steps
     python bench.py --variants baseline bov_shared_table --size paper_780m
     python bench.py --json > bench.json           # the same numbers for machines
@@ -15,7 +15,8 @@ What it reports, per preset A and B and as the ratio B/A:
                Section 5); analytic, on the meta device, for the two paper sizes and the measured size (with --config)
   FLOPs        measured with FlopCounterMode on one forward+backward of a fresh model of the measured size,
                next to its estimate, both with every window made full ("L": the counter counts masked
-               attention as dense), so above the accounting's figure, which counts the sliding windows
+               attention as dense), so at or above the accounting's figure (above when a window is
+               shorter than the context)
   KV cache     analytic bytes (bfloat16) per sequence and per batch of --serve_batch at 1K..1M tokens, the
                value tables' own bytes and the net saving of B over A: eq. 6, dKV = (L/3) d (T - |V|),
                in bytes, less the int32 token id per token that a BoV cache keeps. Breakeven: the context
@@ -126,7 +127,7 @@ def kv_memory(cfg_a, cfg_b, batch, dtype=KV_DTYPE):
                          net_saving_seq=seq_a + tab_a - seq_b - tab_b,
                          net_saving_batch=batch * (seq_a - seq_b) + tab_a - tab_b,
                          eq6_bytes=(n_vfree * T - n_tables * V) * d * s))  # eq. 6 for any pair, without the ids
-    # breakeven: the tokens (T for one sequence, B*T for a batch sharing the tables) where B's saved cache
+    # breakeven: the tokens (T for one sequence, n T for n sequences sharing the tables) where B's saved cache
     # pays for its extra tables
     per_token_saving = kv_per_token(cfg_a, dtype) - kv_per_token(cfg_b, dtype)
     extra_tables = tab_b - tab_a
@@ -368,7 +369,7 @@ def measure(benches, contexts, steps, rounds, log, compiled=False):
 
 def cache_allocated(benches, context):
     """Bytes the decode cache allocated after a real prefill to `context`, against the analytic figure,
-    and B/A bytes per token against ((2L - n_vfree) d s + 4 if it caches ids) for each."""
+    and B/A bytes per position against ((2L - n_vfree) d s + 4 if it caches ids) for each."""
     out = {}
     for name, bench in zip("ab", benches):
         bench.prefill(context)
@@ -558,8 +559,8 @@ def report(r):
                      f"{row['flops_per_token']:>14,} {budget:>8} {tokens:>7}")
     f = r["flops_measured"]
     lines += ["", f"FLOPs per token measured (FlopCounterMode, one forward+backward of {f['tokens']} tokens) against "
-              f"estimate_flops, both with window_pattern L (every window the whole context): above the table's, "
-              f"which counts the sliding windows"]
+              f"estimate_flops, both with window_pattern L (every window the whole context): at or above the "
+              f"table's, which counts the sliding windows"]
     for k, name in (("a", a), ("b", b)):
         lines.append(f"  {name:<18} measured {f[k]['measured']:>14,.0f}   estimate {f[k]['estimate']:>14,}   "
                      f"measured/estimate {f[k]['measured'] / f[k]['estimate']:.4f}")
@@ -602,8 +603,8 @@ def report(r):
     compiled = "torch.compile'd, " if s["compile"] else ""
     lines += ["", f"Speed and memory ({compiled}{plural(s['rounds_run'], 'round')} after a warm-up, A and B interleaved, "
               f"alternating order; A, B: medians; B/A: median of the per-round ratios, their quartiles beside it;",
-              "  B/A > 1 is B faster in the tok/s rows, B slower or larger in the ms and memory rows; peak memory is "
-              "measured once, after the rounds)"]
+              "  B/A > 1 is B faster in the tok/s rows, B slower or larger in the ms and memory rows"
+              + ("; peak memory is measured once, after the rounds)" if s["peak_bytes"] is not None else ")")]
     if s["peak_bytes"] is None:
         lines.append("  (peak memory not measured: on the CPU it is counted by a dispatch mode, under which compiled code does not run)")
     if s.get("recompiled"):

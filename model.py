@@ -42,7 +42,7 @@ import torch.nn.functional as F
 # -----------------------------------------------------------------------------
 # Configuration and presets
 
-VE_GATE_CHANNELS = 12  # the gated value embedding's gate reads the first 12 channels of the block's input (nanochat)
+VE_GATE_CHANNELS = 12  # the gated value embedding's gate reads the first 12 channels of the attention's input (nanochat)
 
 @dataclass
 class GPTConfig:
@@ -615,11 +615,12 @@ class GPT(nn.Module):
             E_v (BoV)                RMSNorm(wte) W_V of its layer (the paper's Section 5), so the first
                                      pass equals the x0 W_V variant. A shared table takes the first
                                      target layer's W_V.
-        Every layer draws a W_V, used or not, so that every variant consumes the same random stream (and
-        starts from the same weights as the others): a BoV layer uses its W_V for E_v, then drops it; a
-        layer whose V is replaced by V1 drops it. The initial values set in the modules' __init__ are
-        never used: the model is built on the meta device and every value is set here.
             E (gated)                uniform(-s, s), as nanochat's value embeddings
+        Every layer draws a W_V, used or not, so that the variants consume the same random stream and start
+        from the baseline's weights (all but value_embed_gated, whose gates are drawn inside the loop): a BoV
+        layer uses its W_V for E_v, then drops it; a layer whose V is replaced by V1 drops it. The initial
+        values set in the modules' __init__ are never used: the model is built on the meta device and every
+        value is set here.
         """
         cfg = self.config
         s = math.sqrt(3 / cfg.n_embd)

@@ -10,7 +10,7 @@ Every document starts with the bos token. Output files in the data dir:
     tokenizer.json      pattern + base64 token bytes by id + the bos token (load with tiktoken alone)
     token_bytes.npy     int32 [vocab_size]: the bytes each token id stands for (bos: 0), so that a text's tokens
                         sum to its UTF-8 length, for bits per byte (nanochat decodes each token to text first,
-                        counting a token that splits a character as U+FFFD's 3 bytes: README, "Differences")
+                        counting each malformed byte run as U+FFFD's 3 bytes: README, "Differences")
     train_00000.bin ... val_00000.bin ...   shards: 24-byte header + flat little-endian token ids
     meta.json           written last; its presence means the preparation is complete
     progress.json       while a preparation is under way: what a rerun resumes from
@@ -22,7 +22,8 @@ checks, sources, tokenizers, encoding, prepare() (the main flow), the command li
 Adding a dataset:
   - usually no code: --source=hf:NAME[:CONFIG] --column=FIELD streams any Hugging Face dataset, and
     --source=files:GLOB reads .txt/.md (a document per file) or .jsonl/.parquet (a document per row);
-  - a named source like climbmix: SOURCE_DEFAULTS, source_kind, prepare_command and parse_args' epilog;
+  - a named source like climbmix: SOURCE_DEFAULTS, source_kind, its hub name in Source.__init__,
+    resolve_config's --column / --hf_split rules, prepare_command and parse_args' epilog;
   - a new reader: a branch in Source.__init__ and Source.rows (documents in a fixed order: the row
     number decides the split), and its flag rules in resolve_config;
   - another val split: Source.is_val_candidate (and _meta_summary's val_rule, which meta.json records).
@@ -804,7 +805,7 @@ def new_tokenizer_json(source, config):
     """tokenizer.json content for config: tiktoken's GPT-2, or a BPE trained on source's training rows.
     Another tokenizer: a function that returns _tokenizer_json(...) of its pattern and its tokens' bytes by
     id, added here, to --tokenizer's choices and to resolve_config's vocabulary rule. The format holds one
-    special token, <|bos|>, at the last id, after dense ids 0..vocab_size-2."""
+    special token (<|bos|>; GPT-2's <|endoftext|>), at the last id, after dense ids 0..vocab_size-2."""
     if config["tokenizer"] == "gpt2":
         return gpt2_tokenizer_json()
     return train_bpe_json(source, config["vocab_size"], config["tokenizer_chars"])
@@ -1124,7 +1125,7 @@ def prepare(config, out_dir, force=False, held=None):
 # command line
 
 def _count(s):
-    """argparse type for token/char counts: accepts 2e9, 41.9e6, 1000000 (whole_number: exact at any size)."""
+    """argparse type for token/char counts: accepts 2e9, 41.9e6, 1000000 (whole_number: plain digits exact at any length)."""
     try:
         n = whole_number(s)
     except ValueError:

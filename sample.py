@@ -160,7 +160,7 @@ def load(ckpt_path, device, data_dir=None, offload_tables=False):
 def sample_one(model, tokenizer, prompt_ids, args, generator, out):
     """Stream one sample (the prompt, then each new token) to `out`; return (prompt tokens, prefill
     seconds, decoded tokens, decode seconds). The first new token comes out of the prefill, every
-    later one out of a one-token decode step, but for the step at which a full cache restarts from the last
+    later one out of a one-token decode step, but for each step at which a full cache restarts from the last
     half block (past block_size; GPT.stream), whose prefill counts as decode time. prompt_ids starts with
     <|bos|> (encode_prompt), not printed."""
     stream = TextStream(tokenizer, out)

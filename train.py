@@ -12,10 +12,11 @@ files (Python assignments) and --key=value in the order given, a later one winni
 command line wins over a config file's wherever it stands). Any GPTConfig
 field (n_layer, bov_layers, ...) is a key too. The resolved settings are printed and saved in the checkpoint.
 
-Where the recipe lives: the defaults and SIZE_DEFAULTS below; lr_multiplier (the schedule); model.py's
-GPT.configure_optimizers (the Muon / AdamW split, betas, width scaling); Batches (the data); evaluate (val
-loss and bpb); run(), from "# the loop" (the step, the log line, metrics.jsonl). The rest refuses a bad run
-in one line (settings, resume checks, locks, signals, torchrun) and can be skipped on a first read.
+Where the recipe lives: the defaults and SIZE_DEFAULTS below; plan_iterations (budget -> steps) and
+lr_multiplier (the schedule); model.py's GPT.configure_optimizers (the Muon / AdamW split, betas, width
+scaling); Batches (the data); evaluate (val loss and bpb, on val_rows); run(), from "# the loop" (the step,
+the log line, metrics.jsonl). The rest refuses a bad run in one line (settings, resume checks, locks,
+signals, torchrun) and can be skipped on a first read.
 """
 
 import bisect
@@ -50,7 +51,7 @@ from sample import autocast as sample_autocast, check_device
 # -----------------------------------------------------------------------------
 # Defaults. Learning rates are the peak rates of the paper's 135M run (Table 6; table_lr from Section 5); configure_optimizers
 # scales the AdamW ones of embedding, lm_head and tables by (n_embd/768)^-0.5 as nanochat does. A run takes these,
-# then SIZE_DEFAULTS[size]: the default size "cpu" replaces the batch, warmup, eval and log settings below.
+# then SIZE_DEFAULTS[size]: the default size "cpu" replaces the budget, batch, warmup, eval and log settings below.
 size = "cpu"
 variant = "bov"
 data_dir = DEFAULT_DATA_DIR
