@@ -709,7 +709,7 @@ class GPT(nn.Module):
         if self.offload is not None:
             r = self.offload.slot[r.long()]  # their rows in the device row cache instead
         H = self.config.n_head
-        return r * H + torch.arange(H, device=r.device)[:, None]  # (B, H, pos + 1)
+        return torch.add(torch.arange(H, device=r.device)[:, None], r, alpha=H)  # H r + h in one op: (B, H, pos + 1)
 
     def offload_tables(self, device):
         """Run on `device` with the value tables left in host memory (see TableOffload)."""

@@ -145,6 +145,21 @@ def lock_folder(folder, exclusive, busy):
     return f
 
 
+def being_written(folder):
+    """Whether a writer holds folder's lock (lock_folder's exclusive one) now, for a reader that has not locked the
+    folder yet; unlike lock_folder, no lock file is made."""
+    try:
+        f = open(os.path.join(folder, LOCK))
+    except OSError:  # none: nobody has locked it
+        return False
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # dropped when f closes
+        except BlockingIOError:
+            return True
+    return False
+
+
 def missing_top(path):
     """The highest folder on the way to path that does not exist yet (the first that os.makedirs(path)
     would make), or None when path exists."""

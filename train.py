@@ -21,7 +21,6 @@ signals, torchrun) and can be skipped on a first read.
 
 import bisect
 import difflib
-import fcntl
 import glob
 import json
 import math
@@ -43,9 +42,9 @@ import torch
 import torch.distributed as dist
 
 from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory, unreadable_checkpoint
-from prepare_data import (DEFAULT_DATA_DIR, LOCK, DataError, atomic_write, load_meta, load_token_bytes, load_tokenizer,
-                          load_tokens, lock_folder, missing_top, out_dir_problem, prepare_command, remove_unused,
-                          silence_stdout, tokenizer_sha256, whole_number, write_json)
+from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, being_written, load_meta, load_token_bytes,
+                          load_tokenizer, load_tokens, lock_folder, missing_top, out_dir_problem, prepare_command,
+                          remove_unused, silence_stdout, tokenizer_sha256, whole_number, write_json)
 from sample import autocast as sample_autocast, check_device
 
 # -----------------------------------------------------------------------------
@@ -686,20 +685,6 @@ def read_meta(data_dir):
             raise DataError(f"{data_dir} is being written by another process (prepare_data.py preparing it, or a "
                             f"train.py whose --out_dir it is); wait for it to finish") from None
         raise
-
-
-def being_written(folder):
-    """Whether a writer holds folder's lock (lock_folder's, exclusive) now; no lock file is made."""
-    try:
-        f = open(os.path.join(folder, LOCK))
-    except OSError:  # none: nobody has locked it
-        return False
-    with f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # dropped when f closes
-        except BlockingIOError:
-            return True
-    return False
 
 
 def plan(s, model_overrides, world, log):
