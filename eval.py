@@ -484,11 +484,11 @@ def main(argv=None):
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks is not None else None
         check_tasks(tasks)
         check_device(args.device)
-        bundle = get_bundle(args.bundle)  # before the model: fail fast without the data
+        loaded = load_bundle(args.bundle, tasks)  # every task file read before the model: fail fast on bad data
         model, ckpt = GPT.from_checkpoint(args.ckpt, args.device)
         tokenizer = checkpoint_tokenizer(args.ckpt, ckpt, model.config.vocab_size, args.data_dir)
-        result = evaluate_core(model, tokenizer, bundle, tasks, args.max_per_task, args.device, args.batch_size,
-                               dtype=resolve_dtype(args.dtype, args.device))
+        result = evaluate_core(model, tokenizer, max_per_task=args.max_per_task, device=args.device,
+                               batch_size=args.batch_size, loaded=loaded, dtype=resolve_dtype(args.dtype, args.device))
     except (EvalError, DataError, OSError, ValueError, RuntimeError, MemoryError) as e:
         if out_of_memory(e):  # on the GPU or the host
             sys.exit(f"eval.py: error: out of memory on {args.device}; lower --batch_size (now {args.batch_size})")

@@ -550,7 +550,24 @@ def a_run_that_loads_nothing(tmp_path, monkeypatch):
     model = type("M", (), {"config": type("C", (), {"vocab_size": 128})})()
     monkeypatch.setattr(ev.GPT, "from_checkpoint", classmethod(lambda cls, *a: (model, {})))
     monkeypatch.setattr(ev, "checkpoint_tokenizer", lambda *a: None)
+    monkeypatch.setattr(ev, "load_bundle", lambda path, tasks: (path, tasks, {}, {}))  # the bundle holds one task of 21
     return bundle, ckpt
+
+
+def test_the_cli_reads_every_task_file_before_it_loads_the_model(tmp_path, monkeypatch):
+    """Mutant (main): the bundle's folder alone checked first, its task files only by evaluate_core, after
+    the model and tokenizer have loaded (minutes for a large checkpoint on a GPU)."""
+    bundle = write_bundle(tmp_path / "b", {"copa": fixture_items("copa", 3)})
+    path = tmp_path / "b" / "eval_bundle" / "eval_data" / ev.TASKS["copa"].path
+    path.write_text(path.read_text() + "{oops\n")
+    ckpt = tmp_path / "run" / "ckpt.pt"
+    ckpt.parent.mkdir()
+    empty_zip(ckpt)
+    monkeypatch.setattr(ev.GPT, "from_checkpoint", classmethod(lambda cls, *a: pytest.fail("the model was loaded")))
+    for tasks, msg in (("copa", "copa.jsonl:4: not JSON"), ("copa,boolq", "eval_data lacks reading_comprehension/boolq.jsonl")):
+        with pytest.raises(SystemExit) as e:
+            ev.main(["--ckpt", str(ckpt), "--device", "cpu", "--bundle", bundle, "--tasks", tasks])
+        assert e.value.code.startswith("eval.py: error: ") and msg in e.value.code
 
 
 def test_host_out_of_memory_names_batch_size(tmp_path, monkeypatch):
@@ -668,7 +685,7 @@ def test_two_runs_on_one_checkpoint_write_through_their_own_temporary_files(tmp_
     ckpt = tmp_path / "ckpt.pt"
     empty_zip(ckpt)
     model = SimpleNamespace(config=SimpleNamespace(vocab_size=128))
-    monkeypatch.setattr(ev, "get_bundle", lambda path: "bundle")
+    monkeypatch.setattr(ev, "load_bundle", lambda path, tasks: ("bundle", tasks, {}, {}))
     monkeypatch.setattr(ev, "GPT", SimpleNamespace(from_checkpoint=lambda *a: (model, {})))
     monkeypatch.setattr(ev, "checkpoint_tokenizer", lambda *a: CharTokenizer())
     monkeypatch.setattr(ev, "evaluate_core", lambda *a, **k: {"core": 0.0, "tasks": {}, "max_per_task": None, "bundle": "bundle"})
@@ -896,7 +913,7 @@ def test_max_per_task_alone_never_replaces_a_full_result(tmp_path, monkeypatch):
     empty_zip(ckpt)
     (tmp_path / "core_eval.json").write_text("the full result")
     model = SimpleNamespace(config=SimpleNamespace(vocab_size=128))
-    monkeypatch.setattr(ev, "get_bundle", lambda path: "bundle")
+    monkeypatch.setattr(ev, "load_bundle", lambda path, tasks: ("bundle", tasks, {}, {}))
     monkeypatch.setattr(ev, "GPT", SimpleNamespace(from_checkpoint=lambda *a: (model, {})))
     monkeypatch.setattr(ev, "checkpoint_tokenizer", lambda *a: CharTokenizer())
     monkeypatch.setattr(ev, "evaluate_core", lambda *a, **k: {"core": 0.0, "tasks": {}, "max_per_task": 3, "bundle": "bundle"})
@@ -1016,9 +1033,10 @@ def test_a_batch_size_below_one_is_a_usage_error(tmp_path, capsys):
 def test_the_results_name_the_bundle_and_checkpoint_by_absolute_paths(tmp_path, monkeypatch):
     """Mutants (evaluate_core, main): "bundle" and "ckpt" recorded as given, relative to a folder the
     results file does not name."""
+    load_bundle = ev.load_bundle
     a_run_that_loads_nothing(tmp_path, monkeypatch)  # b/eval_bundle, run/ckpt.pt
     monkeypatch.chdir(tmp_path)
-    res = ev.evaluate_core(RuleModel(), CharTokenizer(), "b/eval_bundle", tasks=["copa"])
+    res = ev.evaluate_core(RuleModel(), CharTokenizer(), loaded=load_bundle("b/eval_bundle", ["copa"]))
     assert res["bundle"] == str(tmp_path / "b" / "eval_bundle")
     monkeypatch.setattr(ev, "evaluate_core", lambda *a, **k: res)
     ev.main(["--ckpt", "run/ckpt.pt", "--bundle", "b/eval_bundle", "--tasks", "copa", "--device", "cpu"])
