@@ -422,11 +422,11 @@ def fig5a(path):
         saved % = 100 x (V cache of the baseline - V cache of BoV - BoV's tables) / V cache of the baseline
                 = 100 x n_bov d (T - |V|) / (L d T)  =  100 (n_bov / L) (1 - |V| / T)
 
-    i.e. eq. 6 over the baseline's V cache of all L layers (the caption's "fraction of V cache memory
-    saved"), computed with kv_cache_bytes/table_bytes, so BoV's int32 id per token is in. It crosses 0
-    at T = |V| and saturates at n_bov / L = 1/3. Dashed: the same saving over the whole K+V cache
-    (saturates at 1/6); the paper's axis (-5..20 %) fits this one better, so both are drawn. Neither
-    depends on L or d once BoV takes the last third of the layers."""
+    i.e. eq. 6 (its Delta KV) over the baseline's V cache of all L layers (the caption's words, "fraction of
+    V cache memory saved"), computed with kv_cache_bytes/table_bytes, so BoV's int32 id per token is in. It
+    crosses 0 at T = |V| and saturates at n_bov / L = 1/3: dashed. Solid: the same saving over the whole K+V
+    cache, which saturates at 1/6, the 16.7 % that the paper's plotted curves approach. Neither depends on L
+    or d once BoV takes the last third of the layers."""
     plt = pyplot()
     contexts = [int(2 ** (14 + k / 8)) for k in range(6 * 8 + 1)]  # 16K .. 1M
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -438,12 +438,12 @@ def fig5a(path):
             v_bytes = base.n_layer * base.n_embd * T * KV_DTYPE.itemsize
             saved.append(100 * net / v_bytes)
             kv.append(100 * net / base.kv_cache_bytes(1, T, KV_DTYPE))
-        ax.plot(contexts, saved, color=color, label=f"{name}, % of V cache")
-        ax.plot(contexts, kv, color=color, linestyle="--", label=f"{name}, % of K+V cache")
+        ax.plot(contexts, kv, color=color, label=f"{name}, % of K+V cache")
+        ax.plot(contexts, saved, color=color, linestyle="--", label=f"{name}, % of V cache")
     ax.set_xscale("log", base=2)
     ax.set_xticks([2 ** 14, 2 ** 16, 2 ** 18, 2 ** 20], ["16K", "64K", "256K", "1M"])
     ax.axhline(0, color="gray", linewidth=0.8)
-    ax.set_ylim(-20, 35)  # up to the 1/3 the solid lines saturate at; below -20 % (the shortest contexts) is cut
+    ax.set_ylim(-20, 35)  # up to the 1/3 the dashed lines saturate at; below -20 % (the shortest contexts) is cut
     save(fig, ax, path, "Fig 5a: V cache memory saved by BoV (paper_780m)", "context length", "memory saved (%)", fontsize=7)
 
 
