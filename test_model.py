@@ -169,6 +169,8 @@ def test_windows_follow_sssl_with_a_full_last_layer():
     assert c.windows() == [512] * 11 + [2048]
     assert GPTConfig.preset("cpu").windows() == [128, 128, 128, 256, 128, 256]
     assert GPTConfig.preset("cpu", block_size=64).windows() == [64] * 6  # a window never exceeds the context
+    for block, short in ((1000, 256), (1536, 384), (640, 256), (2049, 640)):  # a quarter, rounded up to 128
+        assert GPTConfig.preset("cpu", block_size=block).windows()[0] == short, block
 
 
 def test_bov_layers_have_a_table_and_no_w_v():
@@ -221,15 +223,47 @@ def test_bov_at_init_equals_x0_w_v(shared):
     assert (base(idx)[0] - lb).abs().max() > 1e-3
 
 
-def test_table_rows_are_rms_norm_wte_times_w_v():
-    bov = seeded(3, "bov")
-    x0 = seeded(3, "t1_r09")
-    for t, layer in enumerate((4, 5)):
-        expected = torch.nn.functional.rms_norm(x0.wte.weight, (48,)) @ x0.blocks[layer].attn.c_v.weight.T
-        torch.testing.assert_close(bov.tables[t].weight, expected)
-    shared = seeded(3, "bov_shared_table")  # one table for layers 4 and 5: the first target layer's W_V
-    expected = torch.nn.functional.rms_norm(x0.wte.weight, (48,)) @ x0.blocks[4].attn.c_v.weight.T
-    torch.testing.assert_close(shared.tables[0].weight, expected)
+TABLE_INIT_VARIANTS = [v for v in VARIANTS if tiny(v).n_tables() and tiny(v).value_coeff != "gated"]
+
+
+@pytest.mark.parametrize("variant", TABLE_INIT_VARIANTS)
+def test_table_rows_are_rms_norm_wte_times_w_v(variant):
+    """Every table but the gated value embeddings' (uniform, as nanochat's) starts as RMSNorm(wte) W_V of
+    its layer in the baseline from the same seed; a shared table as its first target layer's. Mutant:
+    the init keyed on value_mix, so bov_keep_v's tables started uniform (its b = 0 hides it in the logits)."""
+    assert {"bov", "bov_shared_table", "bov_keep_v", "bov_every_layer"} <= set(TABLE_INIT_VARIANTS)
+    model, base = seeded(3, variant), seeded(3, "baseline")
+    layers = model.config.table_layers()[:model.config.n_tables()]  # shared: the first target layer's
+    assert len(layers) == len(model.tables) > 0
+    for table, layer in zip(model.tables, layers):
+        expected = torch.nn.functional.rms_norm(base.wte.weight, (48,)) @ base.blocks[layer].attn.c_v.weight.T
+        torch.testing.assert_close(table.weight, expected)
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "value_embed_gated"])
+def test_every_variant_starts_from_the_baselines_weights(variant):
+    """init_weights draws a W_V in every layer, used or not, so that one seed gives every variant the
+    baseline's values in each weight they share (Table 1's rows differ only in the value path). Mutant:
+    no W_V drawn for the layers that drop it (t1_r03, svformer), shifting every later weight."""
+    base = dict(seeded(7, "baseline").named_parameters())
+    shared = 0
+    for name, p in seeded(7, variant).named_parameters():
+        if name in base:
+            assert torch.equal(p, base[name]), (variant, name)
+            shared += 1
+    assert shared >= len(base) - 2 * 6  # at most the c_v of each layer is missing
+
+
+@pytest.mark.parametrize("variant", ["bov", "bov_shared_table", "bov_every_layer", "t1_r02", "t1_r06", "t1_r09"])
+def test_gamma_v_is_learned(variant):
+    """eq. 5's gamma_v is a trained parameter: it gets a non-zero gradient (mutant: requires_grad=False,
+    which turns BoV into bov_fixed_coeff and flattens Fig 2)."""
+    model = build(tiny(variant))
+    idx = batch(model.config)
+    model(idx, idx)[1].backward()
+    gammas = [b.attn.gamma_v for b in model.blocks if getattr(b.attn, "gamma_v", None) is not None]
+    assert len(gammas) == len(model.config.target_layers())
+    assert all(g.requires_grad and g.grad is not None and g.grad.abs().item() > 0 for g in gammas)
 
 
 
@@ -835,6 +869,14 @@ def test_the_row_cache_fetches_each_id_once_and_stays_small():
     off.prefetch(torch.arange(97).view(1, -1))  # every id: 97 rows, not the next power of two (128)
     assert off.device_rows.size(1) == 97 and off.used == 97 and off.rows_fetched == 97 * n
     torch.testing.assert_close(off.rows(1, torch.tensor([5, 3])), model.tables[1].weight[[5, 3]], rtol=0, atol=0)
+    model = build(tiny("bov", vocab_size=300))  # powers of two from 64 rows: 64 ids fill 64 rows, 65 take 128
+    model.offload_tables("cpu")
+    for ids, rows in ((64, 64), (65, 128), (129, 256), (300, 300)):
+        model.offload.prefetch(torch.arange(ids).view(1, -1))
+        assert model.offload.device_rows.size(1) == rows and model.offload.used == ids
+    for seed in range(3):  # started over per sequence: it holds the ids this sequence fed, however many came before
+        out = model.generate(batch(model.config, B=1, T=40, seed=seed), 5, temperature=0)
+        assert model.offload.used == len(set(out[0, :-1].tolist())) and model.offload.device_rows.size(1) <= 300
 
 
 @pytest.mark.parametrize("variant", ["bov", "bov_shared_table", "value_embed_gated"])

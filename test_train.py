@@ -2,6 +2,7 @@
 
 import hashlib
 import io
+import random
 import json
 import math
 import os
@@ -1238,6 +1239,24 @@ def test_a_real_run_past_one_epoch_warns_and_logs_the_debiased_loss(data_dir, tm
     assert logged[2] == pytest.approx((0.09 * l1 + 0.1 * l2) / 0.19, abs=1e-4)
 
 
+def test_a_resume_restores_every_rng(data_dir, tmp_path, monkeypatch):
+    """Mutant: restore without set_rng_states (nothing in training draws from the global RNGs today, so
+    the losses hide it; dropout or a sampled eval added later would not resume exactly)."""
+    states = train.rng_states()
+    draws = (random.random(), np.random.rand(), torch.rand(1).item())
+    buf = io.BytesIO()
+    torch.save(states, buf)
+    train.set_rng_states(torch.load(io.BytesIO(buf.getvalue()), weights_only=True))
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == draws
+    base = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}"]
+    train.main([*base, "--max_iters=2"])
+    saved = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["rng"]
+    seen = []
+    monkeypatch.setattr(train, "set_rng_states", lambda st, f=train.set_rng_states: (seen.append(st), f(st)))
+    train.main([*base, "--max_iters=2", "--resume"])  # finished: restored, then nothing left to train
+    assert len(seen) == 1 and torch.equal(seen[0]["torch"], saved["torch"]) and seen[0]["python"] == saved["python"]
+
+
 def test_table_lr_and_weight_decay_reach_the_optimizers_and_bind_a_resume(data_dir, tmp_path):
     """Mutants T9 (--table_lr not passed to configure_optimizers) and T10 (a resume with another
     table_lr or weight_decay accepted)."""
@@ -1253,7 +1272,13 @@ def test_table_lr_and_weight_decay_reach_the_optimizers_and_bind_a_resume(data_d
                            # the schedule and the batch too (mutants R1, R2, R3)
                            ("--total_batch_tokens=256", "total_batch_tokens=128 there, 256 here"),
                            ("--warmup_iters=1", "warmup_iters=2 there, 1 here"),
-                           ("--final_lr_frac=0.1", "final_lr_frac=0.05 there, 0.1 here")):
+                           ("--final_lr_frac=0.1", "final_lr_frac=0.05 there, 0.1 here"),
+                           ("--warmdown_frac=0.5", "warmdown_frac=0.65 there, 0.5 here"),
+                           # every rate (mutant: scalar_lr left out; a resume kept the checkpoint's
+                           # initial_lr and recorded a rate it never used)
+                           ("--embedding_lr=0.2", "embedding_lr=0.3 there, 0.2 here"),
+                           ("--unembedding_lr=0.004", "unembedding_lr=0.008 there, 0.004 here"),
+                           ("--scalar_lr=0.25", "scalar_lr=0.5 there, 0.25 here")):
         with pytest.raises(train.ConfigError, match=re.escape(expected)):
             train.main([*base, "--table_lr=0.05", "--weight_decay=0.1", flag, "--resume"])
 
