@@ -416,17 +416,16 @@ def save(fig, ax, path, title, xlabel, ylabel, **legend):
 
 
 def fig5a(path):
-    """The paper's Fig 5a: V-cache memory saved by BoV, in %, against context length T (16K..1M), for the
-    nanochat (32,768) and Qwen3 (151,936) vocabularies, at paper_780m in bfloat16:
+    """The paper's Fig 5a: memory saved by BoV against context length T (16K..1M), for the nanochat (32,768)
+    and Qwen3 (151,936) vocabularies, at paper_780m in bfloat16. The saving is eq. 6's Delta KV (the
+    baseline's cache, less BoV's cache and tables), computed with kv_cache_bytes/table_bytes, so BoV's
+    int32 id per token is in; it crosses 0 at T = |V|. Solid, as a share of the baseline's K+V cache:
 
-        saved % = 100 x (V cache of the baseline - V cache of BoV - BoV's tables) / V cache of the baseline
-                = 100 x n_bov d (T - |V|) / (L d T)  =  100 (n_bov / L) (1 - |V| / T)
+        saved % = 100 x n_bov d (T - |V|) / (2 L d T)  =  100 (n_bov / 2L) (1 - |V| / T)
 
-    i.e. eq. 6 (its Delta KV) over the baseline's V cache of all L layers (the caption's words, "fraction of
-    V cache memory saved"), computed with kv_cache_bytes/table_bytes, so BoV's int32 id per token is in. It
-    crosses 0 at T = |V| and saturates at n_bov / L = 1/3: dashed. Solid: the same saving over the whole K+V
-    cache, which saturates at 1/6, the 16.7 % that the paper's plotted curves approach. Neither depends on L
-    or d once BoV takes the last third of the layers."""
+    which saturates at 1/6, the 16.7 % that the paper's plotted curves approach. Dashed, as a share of the
+    V cache alone (the caption's words, "fraction of V cache memory saved"): twice that, up to 1/3. Neither
+    depends on L or d once BoV takes the last third of the layers."""
     plt = pyplot()
     contexts = [int(2 ** (14 + k / 8)) for k in range(6 * 8 + 1)]  # 16K .. 1M
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -444,7 +443,7 @@ def fig5a(path):
     ax.set_xticks([2 ** 14, 2 ** 16, 2 ** 18, 2 ** 20], ["16K", "64K", "256K", "1M"])
     ax.axhline(0, color="gray", linewidth=0.8)
     ax.set_ylim(-20, 35)  # up to the 1/3 the dashed lines saturate at; below -20 % (the shortest contexts) is cut
-    save(fig, ax, path, "Fig 5a: V cache memory saved by BoV (paper_780m)", "context length", "memory saved (%)", fontsize=7)
+    save(fig, ax, path, "Fig 5a: KV cache memory saved by BoV (paper_780m)", "context length", "memory saved (%)", fontsize=7)
 
 
 def read_records(path):

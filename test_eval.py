@@ -550,7 +550,7 @@ def a_run_that_loads_nothing(tmp_path, monkeypatch):
     model = type("M", (), {"config": type("C", (), {"vocab_size": 128})})()
     monkeypatch.setattr(ev.GPT, "from_checkpoint", classmethod(lambda cls, *a: (model, {})))
     monkeypatch.setattr(ev, "checkpoint_tokenizer", lambda *a: None)
-    monkeypatch.setattr(ev, "load_bundle", lambda path, tasks: (path, tasks, {}, {}))  # the bundle holds one task of 21
+    monkeypatch.setattr(ev, "load_bundle", lambda path, tasks: (path, tasks, {}, {}))  # stubbed: the one-task bundle would fail the all-21 check
     return bundle, ckpt
 
 

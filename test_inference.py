@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -543,6 +544,23 @@ def test_bench_plot_without_matplotlib_is_refused_before_the_run(tmp_path, monke
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and "error: --plot needs matplotlib" in err[-1]  # after the usage lines
     assert not (tmp_path / "plots").exists()
+
+
+def test_fig5a_draws_eq6_over_the_kv_cache_solid_and_over_the_v_cache_dashed(tmp_path, monkeypatch):
+    """Solid: eq. 6 as a share of the K+V cache, 100 (n_bov / 2L)(1 - |V|/T), saturating at the paper's
+    16.7 %; dashed: twice that, the share of the V cache (BoV's int32 id per token moves both by under 0.01
+    percentage points at paper_780m)."""
+    drawn = []
+    monkeypatch.setattr(bench, "save", lambda fig, ax, *a, **k: drawn.append([(l.get_linestyle(), l.get_xdata(),
+                                                                                 l.get_ydata()) for l in ax.lines]))
+    bench.fig5a(str(tmp_path / "fig5a.png"))
+    lines = drawn[0][:4]  # then the zero line
+    assert [style for style, _, _ in lines] == ["-", "--", "-", "--"]
+    for (_, T, kv), (_, T2, v), vocab in ((lines[0], lines[1], 32768), (lines[2], lines[3], 151936)):
+        expected = 100 * (8 / 48) * (1 - vocab / np.asarray(T, dtype=float))
+        np.testing.assert_allclose(kv, expected, rtol=0, atol=0.01)
+        np.testing.assert_allclose(v, 2 * expected, rtol=0, atol=0.01)
+    assert 16 < max(lines[0][2]) < 100 / 6
 
 
 def test_an_interrupted_plot_keeps_the_previous_png(tmp_path, monkeypatch):
