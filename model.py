@@ -180,8 +180,9 @@ class GPTConfig:
         if isinstance(spec, str):
             if spec not in ("last_third", "every_other", "all", "none"):
                 bad(f"bov_layers must be 'last_third', 'every_other', 'all', 'none' or a list of layer indices, got {spec!r}")
-        elif not (isinstance(spec, tuple) and spec and all(whole(i) and 0 <= i < self.n_layer for i in spec)):
-            bad(f"bov_layers as a list must hold layer indices in [0, {self.n_layer}), got {spec!r}")
+        elif not (isinstance(spec, tuple) and spec and all(whole(i) and 0 <= i < self.n_layer for i in spec)
+                  and len(set(spec)) == len(spec)):
+            bad(f"bov_layers as a list must hold distinct layer indices in [0, {self.n_layer}), got {spec!r}")
         targets = self.target_layers()
         if self.value_source == "v1" and 0 in targets:
             given = f" (bov_layers={spec!r} at n_layer={self.n_layer} gives {list(targets)})" if isinstance(spec, str) else ""

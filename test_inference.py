@@ -141,7 +141,7 @@ def test_num_samples_are_separated_and_differ(tiny, capsys):
     assert first and second and first != second
 
 
-def test_greedy_offloaded_tables_give_the_same_tokens(tiny, capsys):
+def test_greedy_offloaded_tables_give_the_same_tokens(tiny, capsys, tmp_path):
     path, tok, model = tiny
     # 100 new tokens pass the context of 64, where the cache restarts from the last half block
     args = ["--ckpt", path, "--start", "values of the", "--max_new_tokens", "100", "--temperature", "0"]
@@ -158,6 +158,10 @@ def test_greedy_offloaded_tables_give_the_same_tokens(tiny, capsys):
     assert moved == rows * model.config.n_embd * 4
     assert "bytes moved host -> cpu (on the CPU the model is in host memory too: the same path runs, as a check)" in offloaded.err
     assert "offload" not in plain.err
+    base = GPT(GPTConfig.preset("cpu", "baseline", n_layer=2, n_embd=48, n_head=4, vocab_size=tok.vocab_size, block_size=BLOCK))
+    base.save_checkpoint(str(tmp_path / "ckpt.pt"), data_dir=os.path.join(os.path.dirname(path), "data"), step=0)
+    got = run_sample(capsys, "--ckpt", tmp_path / "ckpt.pt", "--max_new_tokens", "3", "--offload_tables")
+    assert "sample.py: note: this model has no value tables; --offload_tables changes nothing" in got.err
 
 
 def test_empty_prompt_starts_from_bos(tiny, capsys):

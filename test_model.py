@@ -117,9 +117,11 @@ def test_variants_are_the_readme_table_rows():
 
 
 def test_a_preset_that_does_not_fit_names_its_size_and_variant():
-    with pytest.raises(ValueError, match=r"^bad GPTConfig: bov_layers as a list must hold layer indices in \[0, 6\), "
+    with pytest.raises(ValueError, match=r"^bad GPTConfig: bov_layers as a list must hold distinct layer indices in \[0, 6\), "
                                          r"got \(8,\) \(size cpu, variant bov\)$"):
         GPTConfig.preset("cpu", "bov", bov_layers=(8,))
+    with pytest.raises(ValueError, match=r"distinct layer indices in \[0, 6\), got \(4, 5, 5\)"):  # not read as (4, 5)
+        GPTConfig.preset("cpu", "bov", bov_layers=[4, 5, 5])
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -154,7 +156,7 @@ def test_target_layer_sets():
         with pytest.raises(ValueError, match=f"bov_layers must be 'last_third', .* got '{typo}'"):
             GPTConfig.preset("paper_135m", "baseline", bov_layers=typo)
     assert GPTConfig.preset("paper_135m", "baseline").target_layers() == ()
-    listed = GPTConfig.preset("paper_135m", "bov", bov_layers=(11, 9, 9))  # a list in any order, with repeats: a set
+    listed = GPTConfig.preset("paper_135m", "bov", bov_layers=(11, 9))  # a list in any order (a repeat is refused)
     assert listed.target_layers() == (9, 11) and listed.n_tables() == 2
     for L in range(1, 25):  # at any depth: the last third (floor or ceil of L/3 layers); the last layer and every second below it
         t = GPTConfig.preset("cpu", "bov", n_layer=L).target_layers()
@@ -1067,7 +1069,7 @@ def test_the_preset_listing_is_a_table(monkeypatch):
     monkeypatch.setitem(model.VARIANTS, "bov_on_layers_8_to_11", model._v((8, 9, 10, 11), "table"))
     lines = describe_presets("cpu").splitlines()
     assert len({len(line) for line in lines[:-1]}) == 1 and len(lines) == len(model.VARIANTS) + 1
-    assert lines[-1] == "bov_on_layers_8_to_11: not built (bov_layers as a list must hold layer indices in [0, 6), got (8, 9, 10, 11))"
+    assert lines[-1] == "bov_on_layers_8_to_11: not built (bov_layers as a list must hold distinct layer indices in [0, 6), got (8, 9, 10, 11))"
     assert describe_presets("paper_135m").splitlines()[-1].startswith("bov_on_layers_8_to_11 8-11 ")
 
 

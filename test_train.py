@@ -314,9 +314,19 @@ def test_bits_per_byte_against_the_formula():
 
 def test_training_lowers_the_loss_and_logs_coefficients(data_dir, tmp_path, capsys, monkeypatch):
     out = str(tmp_path / "run")
-    os.makedirs(out)  # metrics of a run here that saved no checkpoint (older code left them): not mixed in
-    with open(os.path.join(out, "metrics.jsonl"), "w") as f:
-        f.write(json.dumps({"type": "eval", "step": 0, "val_bpb": 9.9}) + "\n")
+    os.makedirs(out)  # the metrics (and scores) of a run whose checkpoint was deleted: never replaced unasked
+    old = json.dumps({"type": "eval", "step": 0, "val_bpb": 9.9}) + "\n"
+    for names in (["metrics.jsonl"], ["metrics.jsonl", "core_eval.json"], ["core_eval_partial.json"]):
+        for name in names:
+            with open(os.path.join(out, name), "w") as f:
+                f.write(old)
+        with pytest.raises(train.ConfigError) as e:
+            train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=30"])
+        assert str(e.value) == (f"{out} holds {' and '.join(names)} of an earlier run, but no ckpt.pt; move "
+                                f"{'them' if len(names) > 1 else 'it'} away to train there, or choose another --out_dir")
+        assert all(open(os.path.join(out, n)).read() == old for n in names)
+        for name in names:
+            os.remove(os.path.join(out, name))
     monkeypatch.chdir(os.path.dirname(data_dir))  # a relative --data_dir; the checkpoint records it absolute
     train.main([*TINY, f"--data_dir={os.path.basename(data_dir)}", f"--out_dir={out}", "--max_iters=30",
                 "--eval_interval=10", "--variant=t1_r13"])
@@ -603,6 +613,7 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path, capsys, monkeypatch)
     assert "--compile must be one of" in error([*base, "--compile=maybe"])
     assert "--device foo is not usable here: not a device type torch knows" in error([*base, "--device=foo"])
     assert "less than one row of block_size=32" in error([*base, "--eval_tokens=10"])
+    assert "less than one row of block_size=32" in error([*base, "--eval_tokens=10", "--dry_run"])  # the plan says it
     assert "= 4 x 32 x 1; e.g. --device_batch_size=3" in error([*base, "--total_batch_tokens=96"])
     assert "; give a multiple of 32" in error([*base, "--total_batch_tokens=100"])
     assert f"--out_dir {data_dir}/ is the data folder" in error([*TINY, f"--data_dir={data_dir}", f"--out_dir={data_dir}/", "--max_iters=2"])
@@ -907,9 +918,8 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_checkpoint(data_dir, tmp_path, m
     assert train.RUN["alike"] is True  # but the loss is averaged over the ranks: rank 0 reports it for all
     saved = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)  # the last good checkpoint is intact
     assert all(torch.isfinite(v).all() for v in saved["model"].values())
-    stale = tmp_path / "stale"  # a folder of old metrics and no checkpoint: a run that saves none leaves none there
+    stale = tmp_path / "stale"  # a folder that was there before: a run that saves no checkpoint leaves no metrics in it
     stale.mkdir()
-    (stale / "metrics.jsonl").write_text(json.dumps({"type": "eval", "step": 0, "val_bpb": 9.9}) + "\n")
     capsys.readouterr()
     with pytest.raises(train.ConfigError, match=r"^loss is (nan|inf) at step \d+; stopping \(no checkpoint was written") as e:
         train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={stale}", "--max_iters=40", "--matrix_lr=1e4", "--warmup_iters=1"])
@@ -1362,8 +1372,8 @@ def test_accumulated_gradients_are_the_mean_over_micro_batches(data_dir, tmp_pat
 
 def test_a_resume_keeps_the_metrics_file_and_does_not_repeat_the_evaluation(data_dir, tmp_path, monkeypatch):
     """T25 (evaluated_step = None: the resumed step is evaluated again, a second eval record at that step in
-    metrics.jsonl), T35 (metrics.jsonl not rewritten on resume: the `elif` removes it, and a resume stopped
-    before its next checkpoint leaves a checkpoint without metrics)."""
+    metrics.jsonl), T35 (metrics.jsonl not rewritten from the checkpoint on resume: a run killed between
+    writing ckpt.pt and metrics.jsonl leaves the file a checkpoint behind, and so would the resumed run)."""
     out = tmp_path / "run"
     args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=4", "--eval_interval=2"]
     write_jsonl = train.write_jsonl
@@ -1378,6 +1388,7 @@ def test_a_resume_keeps_the_metrics_file_and_does_not_repeat_the_evaluation(data
     monkeypatch.setattr(train, "write_jsonl", write_jsonl)
     saved = torch.load(out / "ckpt.pt", weights_only=True)["metrics"]
     assert saved[-1]["step"] == 2
+    write_jsonl(str(out / "metrics.jsonl"), saved[:-1])  # as if killed after ckpt.pt was written, before metrics.jsonl
 
     evaluate = train.evaluate
 

@@ -417,8 +417,6 @@ def to_batch(rows, bos_id, device):
 def val_rows(val_shards, T, n_tokens):
     """A fixed validation slice: the first n_tokens of the val stream cut into rows of T + 1 at stride T."""
     data = np.concatenate(val_shards) if len(val_shards) > 1 else np.asarray(val_shards[0])
-    if n_tokens < T:
-        raise ConfigError(f"--eval_tokens={n_tokens} is less than one row of block_size={T} tokens")
     n = min(int(n_tokens) // T, (len(data) - 1) // T)
     if n < 1:
         raise ConfigError(f"the validation split has {len(data)} tokens, fewer than one row of {T + 1}")
@@ -725,6 +723,8 @@ def plan(s, model_overrides, world, log):
     iters = plan_iterations(s, flops_per_token)
     RUN["eval_interval"] = min(s["eval_interval"], iters)  # the last step evaluates and saves too
     T = model_config.block_size
+    if s["eval_tokens"] < T:  # checked here, not at the data, so that --dry_run says it too
+        raise ConfigError(f"--eval_tokens={s['eval_tokens']} is less than one row of block_size={T} tokens")
     tokens = iters * s["total_batch_tokens"]
 
     log(f"settings: {json.dumps(s, sort_keys=True)}")
@@ -812,6 +812,11 @@ def checked_start(ckpt_path, s, model_config, tok_sha, data_counts, iters):
         return load_resume(ckpt_path, s, model_config, tok_sha, data_counts, iters)
     if os.path.exists(ckpt_path):
         raise ConfigError(f"{ckpt_path} exists; pass --resume to continue that run, or choose another --out_dir")
+    left = [n for n in ("metrics.jsonl", "core_eval.json", "core_eval_partial.json")
+            if os.path.exists(os.path.join(s["out_dir"], n))]
+    if left:  # its checkpoint deleted or moved away: a new run would replace them, or sit beside scores not its own
+        raise ConfigError(f"{s['out_dir']} holds {' and '.join(left)} of an earlier run, but no {CKPT}; move "
+                          f"{'them' if len(left) > 1 else 'it'} away to train there, or choose another --out_dir")
     return None
 
 
@@ -921,8 +926,6 @@ def run(argv):
     metrics_path = os.path.join(s["out_dir"], "metrics.jsonl")
     if master and s["resume"]:  # the checkpoint's metrics, without any logged after it
         write_jsonl(metrics_path, metrics)
-    elif master and os.path.exists(metrics_path):  # left by a run that saved no checkpoint: they belong to no model
-        os.remove(metrics_path)
     train_model, autocast, peak = training_model(s, model, dev, ddp)
 
     def checkpoint(step, smooth):
