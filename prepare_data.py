@@ -1123,8 +1123,10 @@ def prepare(config, out_dir, force=False, held=None):
                             f"the start until it has --val_tokens, train the rest, so it needs at least two documents "
                             f"(or a smaller --val_tokens, with --force)")
         if config[split + "_tokens"] and state[split + "_tokens"] < config[split + "_tokens"]:
+            half = (" (every other document, about half the source: a smaller --val_tokens, with --force, leaves "
+                    "more to train on)") if split == "val" else f" (see --{split}_tokens)"
             print(f"note: the source ran out: {split} has {state[split + '_tokens']:,} tokens, "
-                  f"not the {config[split + '_tokens']:,} asked for (see --{split}_tokens)")
+                  f"not the {config[split + '_tokens']:,} asked for{half}")
     state = dict(_meta_summary(config, state, tok), **state)  # the rest of the state (shard lists, config) follows
     write_json(os.path.join(out_dir, "meta.json"), state)
     os.remove(os.path.join(out_dir, "progress.json"))

@@ -98,6 +98,18 @@ def corpus(tmp_path_factory):
 # -----------------------------------------------------------------------------
 # the pipeline on local files
 
+def test_a_small_corpus_is_told_that_val_took_half_of_it(tmp_path, capsys):
+    """--val_tokens above what every other document holds: val takes half the source, and the note says so."""
+    pattern, _ = write_corpus(tmp_path)
+    assert prep("--source", "files:" + pattern, "--out_dir", tmp_path / "d", "--vocab_size", 512, "--val_tokens", 10 ** 6) is None
+    meta = json.load(open(tmp_path / "d" / "meta.json"))
+    assert meta["val_docs"] == 24 and meta["train_docs"] == 24  # 48 documents, every other one to val
+    assert (f"note: the source ran out: val has {meta['val_tokens']:,} tokens, not the 1,000,000 asked for (every other "
+            f"document, about half the source: a smaller --val_tokens, with --force, leaves more to train on)") in capsys.readouterr().out
+    assert prep("--source", "files:" + pattern, "--out_dir", tmp_path / "e", "--vocab_size", 512, "--val_tokens", 3000) is None
+    assert "ran out" not in capsys.readouterr().out
+
+
 def test_tokenizer_roundtrip_unicode(corpus):
     _, docs, out = corpus
     tok = pd.load_tokenizer(out)
