@@ -89,6 +89,8 @@ def test_dry_run_takes_the_vocabulary_the_real_run_would(data_dir, capsys):
     assert train.lr_multiplier(2, 3, 2, 0.65, 0.05) == pytest.approx(0.525)
     train.main([*TINY, f"--data_dir={data_dir}", "--max_iters=6", "--dry_run"])
     assert "warm-up ends" not in capsys.readouterr().out
+    train.main([*TINY, f"--data_dir={data_dir}", "--max_iters=3", "--final_lr_frac=1", "--dry_run"])  # no drop to tell of
+    assert "warm-up ends" not in capsys.readouterr().out
     train.main([*TINY, f"--data_dir={data_dir}", "--max_iters=2", "--dry_run"])  # TINY warms up over 2 steps
     assert "WARNING: warmup_iters=2 is not below the run's 2 iterations: the whole run is warm-up" in capsys.readouterr().out
     train.main(["--dry_run", "--data_dir=/nonexistent"])  # no data: the default cpu size's own vocabulary, not the paper's
@@ -316,13 +318,15 @@ def test_training_lowers_the_loss_and_logs_coefficients(data_dir, tmp_path, caps
     out = str(tmp_path / "run")
     os.makedirs(out)  # the metrics (and scores) of a run whose checkpoint was deleted: never replaced unasked
     old = json.dumps({"type": "eval", "step": 0, "val_bpb": 9.9}) + "\n"
-    for names in (["metrics.jsonl"], ["metrics.jsonl", "core_eval.json"], ["core_eval_partial.json"]):
+    for names in (["metrics.jsonl"], ["metrics.jsonl", "core_eval.json"], ["core_eval_partial.json"],
+                  ["metrics.jsonl", "core_eval.json", "core_eval_partial.json"]):
         for name in names:
             with open(os.path.join(out, name), "w") as f:
                 f.write(old)
         with pytest.raises(train.ConfigError) as e:
             train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=30"])
-        assert str(e.value) == (f"{out} holds {' and '.join(names)} of an earlier run, but no ckpt.pt; move "
+        listed = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+        assert str(e.value) == (f"{out} holds {listed} of an earlier run, but no ckpt.pt; move "
                                 f"{'them' if len(names) > 1 else 'it'} away to train there, or choose another --out_dir")
         assert all(open(os.path.join(out, n)).read() == old for n in names)
         for name in names:
@@ -1388,7 +1392,7 @@ def test_a_resume_keeps_the_metrics_file_and_does_not_repeat_the_evaluation(data
     monkeypatch.setattr(train, "write_jsonl", write_jsonl)
     saved = torch.load(out / "ckpt.pt", weights_only=True)["metrics"]
     assert saved[-1]["step"] == 2
-    write_jsonl(str(out / "metrics.jsonl"), saved[:-1])  # as if killed after ckpt.pt was written, before metrics.jsonl
+    os.remove(out / "metrics.jsonl")  # as if killed after the first ckpt.pt was written, before metrics.jsonl
 
     evaluate = train.evaluate
 

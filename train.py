@@ -750,8 +750,8 @@ def plan(s, model_overrides, world, log):
     if s["warmup_iters"] >= iters:
         log(f"WARNING: warmup_iters={s['warmup_iters']} is not below the run's {iters} iterations: the whole run is "
             f"warm-up; lower --warmup_iters or raise the budget")
-    elif iters - round(s["warmdown_frac"] * iters) < s["warmup_iters"]:  # e.g. --max_iters=20: 10 warm-up steps, 13 of warmdown
-        after = lr_multiplier(s["warmup_iters"], iters, s["warmup_iters"], s["warmdown_frac"], s["final_lr_frac"])
+    elif (iters - round(s["warmdown_frac"] * iters) < s["warmup_iters"]  # e.g. --max_iters=20: 10 warm-up steps, 13 of warmdown
+          and (after := lr_multiplier(s["warmup_iters"], iters, s["warmup_iters"], s["warmdown_frac"], s["final_lr_frac"])) < 0.995):
         log(f"note: the warmdown (the last {round(s['warmdown_frac'] * iters)} of {iters} steps) begins before the "
             f"warm-up ends: the rate rises to its peak over {s['warmup_iters']} steps, then drops to {after:.2f} of it "
             f"at step {s['warmup_iters']}, with no constant phase (lower --warmup_iters or --warmdown_frac to keep one)")
@@ -815,7 +815,8 @@ def checked_start(ckpt_path, s, model_config, tok_sha, data_counts, iters):
     left = [n for n in ("metrics.jsonl", "core_eval.json", "core_eval_partial.json")
             if os.path.exists(os.path.join(s["out_dir"], n))]
     if left:  # its checkpoint deleted or moved away: a new run would replace them, or sit beside scores not its own
-        raise ConfigError(f"{s['out_dir']} holds {' and '.join(left)} of an earlier run, but no {CKPT}; move "
+        names = " and ".join([", ".join(left[:-1]), left[-1]] if len(left) > 1 else left)
+        raise ConfigError(f"{s['out_dir']} holds {names} of an earlier run, but no {CKPT}; move "
                           f"{'them' if len(left) > 1 else 'it'} away to train there, or choose another --out_dir")
     return None
 
