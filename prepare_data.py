@@ -323,6 +323,11 @@ def load_meta(data_dir):
         if os.path.exists(os.path.join(data_dir, "progress.json")):
             raise DataError(f"preparation of {data_dir} is incomplete; re-run prepare_data.py "
                             f"with the same arguments to resume it")
+        inside = sorted(glob.glob(os.path.join(glob.escape(os.fspath(data_dir)), "*", "meta.json")))
+        if inside:  # the folder above prepared ones, e.g. --data_dir=data
+            names = ", ".join(os.path.dirname(p) for p in inside[:3]) + (", ..." if len(inside) > 3 else "")
+            raise DataError(f"no prepared data in {data_dir} itself, but in the folders below it: {names}; give one "
+                            f"of those")
         raise DataError(f"no prepared data in {data_dir}; run `{prepare_command(data_dir)}` first")
     try:
         with open(path) as f:

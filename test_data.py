@@ -550,6 +550,13 @@ def test_bad_input_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(pd.DataError, match=f"^no prepared data in {tmp_path / 'a'}; run `python prepare_data.py --source=... "
                                            f"--out_dir={tmp_path / 'a'}` first$"):
         pd.load_meta(tmp_path / "a")
+    above = tmp_path / "above"  # the folder above prepared ones (--data_dir=data): they are named
+    for name in ("shakespeare", "x"):
+        os.makedirs(above / name)
+        (above / name / "meta.json").write_text("{}")
+    with pytest.raises(pd.DataError, match=f"^no prepared data in {above} itself, but in the folders below it: "
+                                           f"{above / 'shakespeare'}, {above / 'x'}; give one of those$"):
+        pd.load_meta(above)
     assert pd.prepare_command("data/climbmix") == "python prepare_data.py --source=climbmix"  # what config/paper_135m.py reads
     assert pd.prepare_command("./data/shakespeare") == "python prepare_data.py"
     assert pd.prepare_command("data/files") == "python prepare_data.py --source=files:GLOB"  # --source=files alone is refused
