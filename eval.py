@@ -207,6 +207,8 @@ def item_problem(kind, item):
     if not all(isinstance(v, str) for v in texts.values()) or not isinstance(options, list) \
             or not all(isinstance(o, str) for o in options):
         return f"the fields {', '.join(FIELDS[kind])} must be text (options a list of text)"
+    if kind == "lm" and not item["continuation"].strip():  # nothing to predict: an empty span would score right
+        return "an lm item needs a continuation to predict, not an empty one"
     gold = item.get("gold")
     if kind != "lm" and not (isinstance(gold, int) and not isinstance(gold, bool) and 0 <= gold < len(options)):
         return f"gold {gold!r} is not an index into its {len(options)} options"

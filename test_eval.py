@@ -201,6 +201,13 @@ def test_a_choice_that_prefixes_another_still_scores_a_token():
     start moves back one token for every choice instead."""
     rows = ev.encode(ev.TASKS["arc_easy"], ["ab", "abc"], CharTokenizer(), 100)
     assert [(s, e) for _, s, e in rows] == [(2, 3), (2, 4)]  # after <|bos|> a: "b" and "bc"
+    rows = ev.encode(ev.TASKS["arc_easy"], ["abc", "ab"], CharTokenizer(), 100)  # the short one last: the same
+    assert [(s, e) for _, s, e in rows] == [(2, 4), (2, 3)]
+    assert ev.per_byte(6.0, rows[0], CharTokenizer()) == 3.0  # over the scored span's 2 bytes ("bc"), not from start on
+    assert ev.per_byte(6.0, (rows[0][0], 1, 3), CharTokenizer()) == 3.0  # "ab" of "abc": the span's end counts
+    # an lm item with nothing to predict is refused when its task file is read
+    assert ev.item_problem("lm", {"context": "c", "continuation": " "}) == \
+        "an lm item needs a continuation to predict, not an empty one"
 
 
 def test_scored_spans_of_each_kind():
@@ -334,6 +341,9 @@ def test_render_formats():
     shot = {"context_options": ["A1", "B1"], "continuation": "c1", "gold": 0}
     assert ev.render(schema, {"context_options": ["A2", "B2"], "continuation": "c2"}, [shot]) == \
         ["A1 c1\n\nA2 c2", "A1 c1\n\nB2 c2"]
+    schema = ev.Task("x", "schema", 0, "\nAnswer: ")  # the task's delimiter, not a space, joins option and continuation
+    assert ev.render(schema, {"context_options": ["A2", "B2"], "continuation": "c2"}, []) == \
+        ["A2\nAnswer: c2", "B2\nAnswer: c2"]
     lm = ev.Task("x", "lm", 1, "\nAnswer: ")
     shot = {"context": "  Q1 ", "continuation": "a1"}
     assert ev.render(lm, {"context": "Q2  ", "continuation": "a2"}, [shot]) == ["Q1\nAnswer: a1\n\nQ2\nAnswer:", "Q1\nAnswer: a1\n\nQ2\nAnswer: a2"]
