@@ -41,7 +41,6 @@ The decode model has block_size = the largest context, or the preset's own if th
 size trains at 256), so its sliding windows are a quarter of that, rounded up to 128; the train step uses the preset's own block_size.
 """
 
-import argparse
 import contextlib
 import difflib
 import json
@@ -65,7 +64,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from torch.utils.weak import WeakIdKeyDictionary
 
 from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory
-from prepare_data import atomic_write, json_lines, out_dir_problem, plural, silence_stdout, whole_number
+from prepare_data import ArgumentParser, atomic_write, json_lines, out_dir_problem, plural, silence_stdout, whole_number
 from sample import autocast, check_device, resolve_dtype
 
 PAPER_BUDGETS = {"paper_135m": 1.5e18, "paper_780m": 3.91e19}  # training FLOPs of the paper's runs
@@ -663,7 +662,7 @@ def parse_overrides(text):
 
 def parse_args(argv=None):
     cuda = torch.cuda.is_available()
-    p = argparse.ArgumentParser(allow_abbrev=False, description="Compare two presets: parameters, FLOPs, KV-cache "
+    p = ArgumentParser(description="Compare two presets: parameters, FLOPs, KV-cache "
                                 "memory, decode/prefill speed, train step time, peak memory. Progress goes to stderr.")
     p.add_argument("metrics", nargs="*", help="train.py metrics JSONL files: with --plot, draw only the plots "
                    "(Fig 5a, val curves, Fig 2 coefficients) and skip the benchmark")

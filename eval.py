@@ -30,7 +30,6 @@ respected; BOV_EVAL_BUNDLE_URL replaces the URL, e.g. with a mirror).
 always come from the whole task, so an item's prompt is the same in a subset as in a full run.
 """
 
-import argparse
 import csv
 import difflib
 import os
@@ -54,7 +53,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import GPT, checkpoint_file, first_line, no_checkpoint, out_of_memory, unreadable_checkpoint
-from prepare_data import (DataError, connection_text, is_http_url, json_lines, not_utf8, silence_stdout, url_reachable,
+from prepare_data import (ArgumentParser, DataError, connection_text, is_http_url, json_lines, not_utf8, silence_stdout, url_reachable,
                           write_json)
 from sample import autocast, check_device, checkpoint_tokenizer, resolve_dtype
 
@@ -448,7 +447,7 @@ def format_table(result):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(allow_abbrev=False, description="Evaluate a checkpoint on CORE (21 DCLM tasks); writes "
+    p = ArgumentParser(description="Evaluate a checkpoint on CORE (21 DCLM tasks); writes "
                                 "core_eval.json beside it (core_eval_partial.json for --tasks or --max_per_task, so a "
                                 "quick check never replaces a full result).")
     p.add_argument("--ckpt", required=True, help="checkpoint written by train.py, or its run folder")

@@ -38,6 +38,7 @@ import argparse
 import base64
 import codecs
 import contextlib
+import difflib
 import fcntl
 import glob
 import hashlib
@@ -221,6 +222,22 @@ def whole_number(text):
 def plural(n, noun):
     """'1 doc', '2,048 docs': a count and its noun, for summary lines (prepare_data.py's totals, sample.py's speeds)."""
     return f"{n:,} {noun}{'s' * (n != 1)}"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser (abbreviations off: a prefix of a flag is no flag) that names the nearest flag when one
+    is mistyped, as train.py does for its settings (Python 3.14's suggest_on_error does the same)."""
+
+    def __init__(self, **kw):
+        super().__init__(allow_abbrev=False, **kw)
+
+    def error(self, message):
+        typo = re.match(r"unrecognized arguments: (-\S+)", message)
+        if typo:
+            flags = [f for action in self._actions for f in action.option_strings]
+            near = difflib.get_close_matches(typo[1].split("=")[0], flags, n=1, cutoff=0.7)
+            message += f" (did you mean {near[0]}?)" if near else ""
+        super().error(message)
 
 
 # -----------------------------------------------------------------------------
@@ -1158,7 +1175,7 @@ def _count(s):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(allow_abbrev=False,
+    p = ArgumentParser(
         description="Prepare tokenized data for bov. With no arguments: Shakespeare (offline) -> data/shakespeare.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="""sources:

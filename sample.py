@@ -16,7 +16,6 @@ Every prompt starts with <|bos|>, as every training document does. Timings (pref
 tokens per second) and the offload traffic go to stderr, so stdout holds the text alone.
 """
 
-import argparse
 import codecs
 import contextlib
 import math
@@ -31,7 +30,7 @@ if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 
 import torch
 
 from model import GPT, checkpoint_file, compile_failed, first_line
-from prepare_data import DataError, load_tokenizer, plural, silence_stdout, tokenizer_sha256
+from prepare_data import ArgumentParser, DataError, load_tokenizer, plural, silence_stdout, tokenizer_sha256
 
 SEPARATOR = "\n---------------\n"
 
@@ -188,7 +187,7 @@ def rate(tokens, seconds):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(allow_abbrev=False,
+    p = ArgumentParser(
         description="Sample text from a bov checkpoint, streamed to stdout; timings go to stderr.",
         epilog="A prompt longer than the model's context (block_size tokens, <|bos|> included) is cropped "
                "to <|bos|> and its last block_size - 1 tokens, with a warning. Generation past the context goes on: when "

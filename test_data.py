@@ -110,6 +110,18 @@ def test_a_small_corpus_is_told_that_val_took_half_of_it(tmp_path, capsys):
     assert "ran out" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("script, typo, flag", [("prepare_data", "--vocab", "--vocab_size"), ("sample", "--num_sample", "--num_samples"),
+                                                ("eval", "--max_per_tsk", "--max_per_task"), ("bench", "--round", "--rounds")])
+def test_a_mistyped_flag_names_the_nearest(script, typo, flag, capsys):
+    """The argparse scripts suggest a flag as train.py does for its settings; an unlike one gets no guess."""
+    main = __import__(script).main
+    for arg, hint in ((typo, f" (did you mean {flag}?)"), ("--zzz", "")):
+        with pytest.raises(SystemExit) as e:
+            main([arg] + ["--ckpt", "x"] * (script == "eval"))
+        assert e.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1].endswith(f".py: error: unrecognized arguments: {arg}{hint}")
+
+
 def test_tokenizer_roundtrip_unicode(corpus):
     _, docs, out = corpus
     tok = pd.load_tokenizer(out)
