@@ -201,6 +201,22 @@ def test_token_bytes_sum_to_corpus_bytes(corpus):
     assert total == sum(len(d.encode("utf-8")) for d in docs)
 
 
+def test_a_shard_closes_at_the_first_document_end_at_or_past_shard_tokens(corpus, tmp_path):
+    """Documents stay whole: a shard takes documents until it holds --shard_tokens or more. Prepared again with
+    --shard_tokens equal to the first shard's size, that shard comes out the same (mutant: `>` for `>=`)."""
+    pattern, _, out = corpus
+    meta, bos = pd.load_meta(out), pd.load_meta(out)["bos_id"]
+    shards = pd.load_tokens(out, "train")
+    for s in shards[:-1]:
+        last_doc = len(s) - int(np.flatnonzero(np.asarray(s) == bos)[-1])
+        assert len(s) - last_doc < 4000 <= len(s)
+    first = meta["train_shards"][0]
+    assert prep("--source", "files:" + pattern, "--out_dir", tmp_path / "d", "--vocab_size", 512, "--val_tokens", 3000,
+                "--shard_tokens", first["tokens"]) is None
+    again = pd.load_meta(tmp_path / "d")["train_shards"][0]
+    assert {k: again[k] for k in ("tokens", "docs")} == {k: first[k] for k in ("tokens", "docs")}
+
+
 def test_shard_header_layout(corpus):
     """Other scripts may read shards by the documented layout: 24-byte header, then the ids."""
     _, _, out = corpus
