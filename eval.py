@@ -448,8 +448,8 @@ def format_table(result):
 
 def main(argv=None):
     p = ArgumentParser(description="Evaluate a checkpoint on CORE (21 DCLM tasks); writes "
-                                "core_eval.json beside it (core_eval_partial.json for --tasks or --max_per_task, so a "
-                                "quick check never replaces a full result).")
+                       "core_eval.json beside it (core_eval_partial.json for --tasks or --max_per_task, so a "
+                       "quick check never replaces a full result).")
     p.add_argument("--ckpt", required=True, help="checkpoint written by train.py, or its run folder")
     p.add_argument("--tasks", help=f"comma-separated subset of: {', '.join(TASKS)} (default: all)")
     p.add_argument("--max_per_task", type=int, help="evaluate at most N items of each task, the first N after a fixed "

@@ -750,8 +750,9 @@ def plan(s, model_overrides, world, log):
     if s["warmup_iters"] >= iters:
         log(f"WARNING: warmup_iters={s['warmup_iters']} is not below the run's {iters} iterations: the whole run is "
             f"warm-up; lower --warmup_iters or raise the budget")
-    elif (iters - round(s["warmdown_frac"] * iters) < s["warmup_iters"]  # e.g. --max_iters=20: 10 warm-up steps, 13 of warmdown
-          and (after := lr_multiplier(s["warmup_iters"], iters, s["warmup_iters"], s["warmdown_frac"], s["final_lr_frac"])) < 0.995):
+    # the first step after the warm-up below the peak: the warmdown began before the warm-up ended (e.g. --max_iters=20:
+    # 10 warm-up steps, 13 of warmdown); 0.995, so that a drop the note would print as 1.00 is not told of
+    elif (after := lr_multiplier(s["warmup_iters"], iters, s["warmup_iters"], s["warmdown_frac"], s["final_lr_frac"])) < 0.995:
         log(f"note: the warmdown (the last {round(s['warmdown_frac'] * iters)} of {iters} steps) begins before the "
             f"warm-up ends: the rate rises to its peak over {s['warmup_iters']} steps, then drops to {after:.2f} of it "
             f"at step {s['warmup_iters']}, with no constant phase (lower --warmup_iters or --warmdown_frac to keep one)")
