@@ -979,14 +979,26 @@ def resolve_config(args):
     return config, args.out_dir or default_out
 
 
-OUR_FILES = ("meta.json", "progress.json", "tokenizer.json", "token_bytes.npy", "train_*.bin", "val_*.bin")
+# The state files come last: they are written first and removed last, so that none of the other names is ever
+# in a folder without meta.json or progress.json (a run killed at any point leaves a state that says what to redo),
+# and such a name found there alone is a file prepare_data.py did not write (see strays).
+OUR_FILES = ("train_*.bin", "val_*.bin", "token_bytes.npy", "tokenizer.json", "progress.json", "meta.json")
 OUR_TEMPS = tuple(name + ".tmp" for name in OUR_FILES)  # atomic_write's names: a user's own *.tmp files stay
 
 
+def _matches(out_dir, patterns):
+    return [path for pattern in patterns for path in sorted(glob.glob(os.path.join(out_dir, pattern)))]
+
+
 def _remove(out_dir, patterns):
-    for pattern in patterns:
-        for path in glob.glob(os.path.join(out_dir, pattern)):
-            os.remove(path)
+    for path in _matches(out_dir, patterns):
+        os.remove(path)
+
+
+def strays(out_dir):
+    """Files in out_dir named as this tool names its own (OUR_FILES). In a folder without a state file this
+    tool did not write them: a fresh run there would replace them, and refuses to unless --force."""
+    return _matches(out_dir, OUR_FILES)
 
 
 def load_state(out_dir, config, force, readonly=False):
@@ -1002,7 +1014,7 @@ def load_state(out_dir, config, force, readonly=False):
         return None
     if force:
         print(f"--force: removing the prepared files in {out_dir}")
-        _remove(out_dir, OUR_FILES + OUR_TEMPS)
+        _remove(out_dir, OUR_TEMPS + OUR_FILES)
         return None
     try:
         with open(path) as f:
@@ -1031,7 +1043,7 @@ def load_state(out_dir, config, force, readonly=False):
         if readonly:
             return None
         print(f"{out_dir}: tokenizer files unreadable ({e or type(e).__name__}); starting over")
-        _remove(out_dir, OUR_FILES + OUR_TEMPS)
+        _remove(out_dir, OUR_TEMPS + OUR_FILES)
         return None
     for split in ("val", "train"):
         shards = state[split + "_shards"]
@@ -1082,6 +1094,9 @@ def prepare(config, out_dir, force=False, held=None):
         source = new_source()
         tok = new_tokenizer_json(source, config)
     state = load_state(out_dir, config, force, readonly=reading)
+    if state is None and not (force or reading) and os.path.isdir(out_dir) and (found := strays(out_dir)):
+        raise DataError(f"{found[0]} was not written by prepare_data.py ({out_dir} has no meta.json or progress.json) "
+                        f"and a new preparation would replace it; move it, use another --out_dir, or pass --force")
     complete = (state is not None and state["val_done"] and state["train_done"]
                 and os.path.exists(os.path.join(out_dir, "meta.json")))
     if complete:
@@ -1120,14 +1135,14 @@ def prepare(config, out_dir, force=False, held=None):
     if state is None:
         if tok is None:
             tok = new_tokenizer_json(source, config)
-        token_bytes = np.array([len(base64.b64decode(b)) for b in tok["ranks"]] + [0], dtype=np.int32)
-        atomic_write(os.path.join(out_dir, "token_bytes.npy"), lambda f: np.save(f, token_bytes))
-        write_json(os.path.join(out_dir, "tokenizer.json"), tok)
         state = {"format": FORMAT, "config": config, "vocab_size": tok["vocab_size"], "bos_id": tok["bos_id"],
                  "dtype": "uint16" if tok["vocab_size"] <= 65536 else "uint32",
                  "val_shards": [], "val_done": False, "val_end_row": None, "train_shards": [], "train_done": False,
                  "files": source.fingerprint}
-        write_json(os.path.join(out_dir, "progress.json"), state)
+        write_json(os.path.join(out_dir, "progress.json"), state)  # first (OUR_FILES says why)
+        token_bytes = np.array([len(base64.b64decode(b)) for b in tok["ranks"]] + [0], dtype=np.int32)
+        atomic_write(os.path.join(out_dir, "token_bytes.npy"), lambda f: np.save(f, token_bytes))
+        write_json(os.path.join(out_dir, "tokenizer.json"), tok)
     with open(os.path.join(out_dir, "tokenizer.json")) as f:
         tok = json.load(f)
     enc = _encoding_from_json(tok)

@@ -250,7 +250,7 @@ def test_a_reader_allows_a_rerun_that_does_nothing_but_not_one_that_writes(corpu
         assert snapshot(out) == before
         unfinished, damaged = tmp_path / "d", tmp_path / "e"
         shutil.copytree(out, unfinished)
-        os.remove(unfinished / "meta.json")  # as a run stopped before its end leaves it
+        os.rename(unfinished / "meta.json", unfinished / "progress.json")  # as a run stopped before its end leaves it
         shutil.copytree(out, damaged)
         (damaged / "token_bytes.npy").write_bytes(b"")  # a rerun alone would start over: delete and rebuild
         for folder in (unfinished, damaged):
@@ -1056,3 +1056,75 @@ def test_what_a_preparation_counts(tmp_path, monkeypatch):
     assert (meta["val_tokens"], meta["val_docs"]) == (10, 5)
     assert meta["train_docs"] + meta["val_docs"] == 60
     assert sum(map(len, seen)) == 1000
+
+
+# -----------------------------------------------------------------------------
+# a folder prepare_data.py did not write
+
+def small_corpus(tmp_path):
+    (tmp_path / "c").mkdir()
+    for i, d in enumerate(make_docs(16)):
+        (tmp_path / "c" / f"{i}.txt").write_text(d, encoding="utf-8")
+    return ("--source", f"files:{tmp_path / 'c' / '*.txt'}", "--vocab_size", 300, "--val_tokens", 500,
+            "--shard_tokens", 1000)
+
+
+@pytest.mark.parametrize("name", ["train_00000.bin", "tokenizer.json", "meta.json.tmp"])
+def test_a_file_named_like_ours_in_a_folder_we_did_not_prepare_is_refused_not_replaced(tmp_path, name):
+    args = small_corpus(tmp_path)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / name).write_bytes(b"the user's own")
+    (tmp_path / "d" / "notes.txt").write_text("kept")
+    if name.endswith(".tmp"):  # a user's *.tmp is no name of ours: the run goes on, and leaves it
+        assert prep(*args, "--out_dir", tmp_path / "d") is None
+    else:
+        msg = prep(*args, "--out_dir", tmp_path / "d")
+        assert isinstance(msg, str) and "\n" not in msg
+        assert name in msg and "not written by prepare_data.py" in msg and "--force" in msg
+        assert (tmp_path / "d" / name).read_bytes() == b"the user's own"
+        assert sorted(os.listdir(tmp_path / "d")) == sorted([name, "notes.txt", pd.LOCK])  # nothing written
+        assert prep(*args, "--out_dir", tmp_path / "d", "--force") is None  # --force replaces it
+    pd.load_meta(tmp_path / "d")
+    assert (tmp_path / "d" / "notes.txt").read_text() == "kept"
+
+
+@pytest.mark.parametrize("dies_at", [1, 2, 3, 4])  # progress.json, token_bytes.npy, tokenizer.json, the first shard
+def test_a_fresh_run_killed_at_any_write_resumes_to_the_clean_folder(tmp_path, monkeypatch, dies_at):
+    """The state file is written first, so that no killed run leaves our files without it (which a rerun would
+    take for a user's files and refuse)."""
+    args = small_corpus(tmp_path)
+    assert prep(*args, "--out_dir", tmp_path / "clean") is None
+    writes, atomic_write = [], pd.atomic_write
+
+    def dies(path, write, tmp=None):
+        writes.append(os.path.basename(path))
+        if len(writes) == dies_at:
+            raise KeyboardInterrupt
+        atomic_write(path, write, tmp)
+    monkeypatch.setattr(pd, "atomic_write", dies)
+    assert prep(*args, "--out_dir", tmp_path / "d") == 130
+    monkeypatch.setattr(pd, "atomic_write", atomic_write)
+    assert prep(*args, "--out_dir", tmp_path / "d") is None
+    assert writes[0] == "progress.json"
+    clean, resumed = snapshot(tmp_path / "clean"), snapshot(tmp_path / "d")
+    assert {k: v[1] for k, v in clean.items()} == {k: v[1] for k, v in resumed.items()}
+
+
+def test_a_force_run_killed_while_it_removes_the_old_files_is_rerun(tmp_path, monkeypatch):
+    """--force removes the state files last: a run killed after any removal leaves a folder that the same
+    command, without --force, finishes (not one refused as holding files prepare_data.py did not write)."""
+    args = small_corpus(tmp_path)
+    assert prep(*args, "--out_dir", tmp_path / "clean") is None
+    removed, remove = [], os.remove
+    monkeypatch.setattr(pd.os, "remove", lambda path: (removed.append(os.path.basename(path)), remove(path)))
+    assert prep(*args, "--out_dir", tmp_path / "clean", "--force") is None
+    monkeypatch.setattr(pd.os, "remove", remove)
+    removed = removed[:removed.index("meta.json") + 1]  # the --force removal (the run itself removes progress.json)
+    assert len(removed) > 4 and "progress.json" not in removed  # shards, the tokenizer files, then meta.json
+    for k in range(1, len(removed)):  # a kill after the k-th removal
+        d = tmp_path / f"d{k}"
+        shutil.copytree(tmp_path / "clean", d)
+        for name in removed[:k]:
+            os.remove(d / name)
+        assert prep(*args, "--out_dir", d) is None, k
+        assert {n: h for n, (_, h) in snapshot(d).items()} == {n: h for n, (_, h) in snapshot(tmp_path / "clean").items()}
