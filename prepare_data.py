@@ -794,6 +794,14 @@ def gpt2_tokenizer_json():
     return _tokenizer_json("gpt2", spec["pat_str"], [b for b, _ in ranks], bos, bos_id)
 
 
+def two_documents(spec):
+    """Why a source needs two documents, for the errors of one that gave val or train none."""
+    what = (" (a .txt or .md file is one document, a .jsonl or .parquet file one per row)"
+            if source_kind(spec) == "files" else "")
+    return (f"val takes every other document from the start until it has --val_tokens, train the rest, so it "
+            f"needs at least two documents{what}")
+
+
 def train_bpe_json(source, vocab_size, max_chars):
     """Train a byte-level BPE with rustbpe on up to max_chars of training rows; bos = vocab_size - 1."""
     import rustbpe
@@ -828,8 +836,7 @@ def train_bpe_json(source, vocab_size, max_chars):
     if interrupted:
         raise KeyboardInterrupt
     if chars == 0:
-        raise DataError(f"{source.spec} gave no training text for the tokenizer: val takes every other document "
-                        f"from the start, train the rest, so it needs at least two documents")
+        raise DataError(f"{source.spec} gave no training text for the tokenizer: {two_documents(source.spec)}")
     ranks = sorted(bpe.get_mergeable_ranks(), key=lambda kv: kv[1])
     if len(ranks) != vocab_size - 1 or [r for _, r in ranks] != list(range(vocab_size - 1)):
         raise DataError(f"the training text only supports {len(ranks) + 1} tokens, not --vocab_size={vocab_size}; "
@@ -1156,8 +1163,7 @@ def prepare(config, out_dir, force=False, held=None):
         state[split + "_tokens"] = sum(s["tokens"] for s in state[split + "_shards"])
         state[split + "_docs"] = sum(s["docs"] for s in state[split + "_shards"])
         if state[split + "_docs"] == 0:
-            raise DataError(f"{config['source']} gave no {split} documents: val takes every other document from "
-                            f"the start until it has --val_tokens, train the rest, so it needs at least two documents "
+            raise DataError(f"{config['source']} gave no {split} documents: {two_documents(config['source'])} "
                             f"(or a smaller --val_tokens, with --force)")
         if config[split + "_tokens"] and state[split + "_tokens"] < config[split + "_tokens"]:
             half = (" (every other document, about half the source: a smaller --val_tokens, with --force, leaves "

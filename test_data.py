@@ -738,12 +738,19 @@ def test_more_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
     (tmp_path / "one.txt").write_text("a single document")
     (tmp_path / "int.jsonl").write_text('{"text": "fine"}\n{"text": null}\n{"text": 7}\n')
     (tmp_path / "cut.jsonl").write_text('{"text": "fine"}\n\n{"text": "cut sh\n')
+    (tmp_path / "odd.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in [d if i % 2 else None for i, d in enumerate(make_docs(12))]))
     files = lambda name: "files:" + str(tmp_path / name)
     for source, expected in ((files("s.jsonl"), f"{tmp_path / 's.jsonl'}:2: the 'text' text holds a lone UTF-16 surrogate"),
                              (files("int.jsonl"), f"{tmp_path / 'int.jsonl'}:3: the 'text' field holds int, not text"),
                              (files("cut.jsonl"), f"{tmp_path / 'cut.jsonl'}:3: not JSON ("),
                              (files("late.txt"), "is not UTF-8 text (byte 0xff at offset 100000)"),
-                             (files("one.txt"), "gave no training text for the tokenizer")):
+                             (files("one.txt"), "gave no training text for the tokenizer: val takes every other "
+                              "document from the start until it has --val_tokens, train the rest, so it needs at least "
+                              "two documents (a .txt or .md file is one document, a .jsonl or .parquet file one per row)"),
+                             (files("odd.jsonl"), "gave no val documents: val takes every other document from the start "
+                              "until it has --val_tokens, train the rest, so it needs at least two documents (a .txt or "
+                              ".md file is one document, a .jsonl or .parquet file one per row) (or a smaller "
+                              "--val_tokens, with --force)")):
         msg = prep("--source", source, *args, "--out_dir", tmp_path / "y")
         assert msg.startswith("prepare_data.py: error: ") and expected in msg and "\n" not in msg, msg
 
