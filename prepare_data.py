@@ -226,17 +226,27 @@ def plural(n, noun):
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser (abbreviations off: a prefix of a flag is no flag) that names the nearest flag when one
-    is mistyped, as train.py does for its settings (Python 3.14's suggest_on_error does the same)."""
+    is mistyped, as train.py does for its settings (Python 3.14's suggest_on_error does the same), or ours for
+    a flag of nanoGPT's script of the same name (nanogpt: {its flag: ours}); a switch given a value, as
+    nanoGPT's --compile=True, is told to stand alone."""
 
-    def __init__(self, **kw):
+    def __init__(self, nanogpt=None, **kw):
         super().__init__(allow_abbrev=False, **kw)
+        self.nanogpt = nanogpt or {}
 
     def error(self, message):
         typo = re.match(r"unrecognized arguments: (-\S+)", message)
+        switch = re.match(r"argument (--\w+): ignored explicit argument", message)
         if typo:
+            flag = typo[1].split("=")[0]
             flags = [f for action in self._actions for f in action.option_strings]
-            near = difflib.get_close_matches(typo[1].split("=")[0], flags, n=1, cutoff=0.7)
-            message += f" (did you mean {near[0]}?)" if near else ""
+            near = difflib.get_close_matches(flag, flags, n=1, cutoff=0.7)
+            if flag in self.nanogpt:
+                message += f" (nanoGPT's {flag} is {self.nanogpt[flag]} here)"
+            elif near:
+                message += f" (did you mean {near[0]}?)"
+        elif switch:
+            message += f" ({switch[1]} is a switch: give it alone, or leave it out)"
         super().error(message)
 
 

@@ -1135,3 +1135,15 @@ def test_a_force_run_killed_while_it_removes_the_old_files_is_rerun(tmp_path, mo
             os.remove(d / name)
         assert prep(*args, "--out_dir", d) is None, k
         assert {n: h for n, (_, h) in snapshot(d).items()} == {n: h for n, (_, h) in snapshot(tmp_path / "clean").items()}
+
+
+@pytest.mark.parametrize("args, hint", [
+    (["--out_dir", "out/try"], "unrecognized arguments: --out_dir out/try (nanoGPT's --out_dir is --ckpt here)"),
+    (["--init_from=resume"], "unrecognized arguments: --init_from=resume (nanoGPT's --init_from is --ckpt here)"),
+    (["--compile=True"], "argument --compile: ignored explicit argument 'True' (--compile is a switch: give it alone, "
+                         "or leave it out)")])
+def test_sample_names_ours_for_nanogpts_flags(args, hint, capsys):
+    import sample
+    with pytest.raises(SystemExit) as e:
+        sample.main(args)
+    assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(f".py: error: {hint}")

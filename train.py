@@ -69,7 +69,7 @@ scalar_lr = 0.50             # gamma_v, or alpha_v and beta_v of the add variant
 table_lr = 0.15              # every value table: BoV's E_v, and value_embed_gated's embeddings
 weight_decay = 0.28          # Muon only
 warmup_iters = 40
-warmdown_frac = 0.65         # linear warmdown over the last 65% (Table 6's "from 0.65": the authors' --warmdown-ratio) ...
+warmdown_frac = 0.65         # linear warmdown over the last 65%: the authors' --warmdown-ratio 0.65 (Table 6's "from 0.65" also reads as the last 35%) ...
 final_lr_frac = 0.05         # ... towards 5% of the peak, reached at step == iters (the last update has a little more)
 # evaluation, logging, checkpoints
 eval_interval = 250          # steps between validations (and checkpoints); the last step always evaluates
