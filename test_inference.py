@@ -944,3 +944,119 @@ def test_a_shortened_flag_is_refused_not_guessed(parse, flag, value, capsys):
     with pytest.raises(SystemExit) as e:
         parse([flag, value])
     assert e.value.code == 2 and f"unrecognized arguments: {flag}" in capsys.readouterr().err
+
+
+# a second mutation audit of bench.py: the surviving mutants each test kills are named in its docstring
+
+@pytest.mark.parametrize("a, b", [("baseline", "bov"), ("bov", "bov_shared_table"), ("baseline", "bov_every_layer"),
+                                  ("baseline", "svformer")])
+def test_kv_memory_rows_and_breakeven_follow_the_configs_at_every_dtype_and_batch(a, b):
+    """Mutants: net_saving_batch without A's tables; the per-token saving taken in bf16 whatever the dtype; the
+    first saving context at round(T) + 1, not floor(T) + 1 (paper_135m's 32 sequences break even at T = 1024.67);
+    KV_DTYPE float16 (the same bytes, but not the bfloat16 the table says)."""
+    A, B = GPTConfig.preset("paper_135m", a), GPTConfig.preset("paper_135m", b)
+    assert bench.kv_memory(A, B, batch=1)["dtype"] == "bfloat16"  # the default
+    for dtype, name in ((torch.bfloat16, "bfloat16"), (torch.float32, "float32")):
+        tab_a, tab_b = A.table_bytes(dtype), B.table_bytes(dtype)
+        per_token = A.kv_cache_bytes(1, 1, dtype) - B.kv_cache_bytes(1, 1, dtype)
+        net = lambda n, T: n * (A.kv_cache_bytes(1, T, dtype) - B.kv_cache_bytes(1, T, dtype)) + tab_a - tab_b
+        for batch in (1, 7, 32):
+            kv = bench.kv_memory(A, B, batch=batch, dtype=dtype)
+            assert kv["dtype"] == name and kv["batch"] == batch
+            for row in kv["rows"]:
+                T = row["context"]
+                assert (row["seq_bytes_a"], row["seq_bytes_b"]) == (A.kv_cache_bytes(1, T, dtype), B.kv_cache_bytes(1, T, dtype))
+                assert (row["table_bytes_a"], row["table_bytes_b"]) == (tab_a, tab_b)
+                assert row["net_saving_seq"] == net(1, T) and row["net_saving_batch"] == net(batch, T)
+            if tab_b > tab_a:  # B pays for tables: a breakeven, where the cache it saves covers them
+                assert per_token > 0 and kv["breakeven_tokens"] == pytest.approx((tab_b - tab_a) / per_token, rel=1e-12)
+                for n, first in ((1, kv["saves_from_context"]), (batch, kv["saves_from_context_batch"])):
+                    assert net(n, first) > 0 >= net(n, first - 1), (n, first)
+            else:  # no table bytes added: B saves from the first token
+                assert kv["breakeven_tokens"] == 0 and kv["saves_from_context"] == kv["saves_from_context_batch"] == 1
+                assert net(1, 1) > 0 and net(batch, 1) > 0
+
+
+def test_paired_ratio_is_the_median_of_the_per_round_ratios():
+    """Mutants: ratio = median(B) / median(A) (test_paired_gives_medians_... has ratios 3, 3, 30: the two agree); the
+    one-round branch taken for two rounds (quartiles collapsed onto the lower ratio)."""
+    m = bench.paired([1.0, 2.0, 4.0, 8.0, 100.0], [2.0, 3.0, 6.0, 4.0, 10.0])  # ratios 2, 1.5, 1.5, 0.5, 0.1
+    assert (m["a"], m["b"], m["ratio"]) == (4.0, 4.0, 1.5)  # the medians' ratio would be 1
+    assert (m["ratio_q1"], m["ratio_q3"]) == (0.5, 1.5)  # inclusive quartiles: the 2nd and 4th of five
+    m = bench.paired([1.0, 1.0], [0.9, 1.1])  # two rounds: a quarter and three quarters of the way
+    assert m["ratio_q1"] == pytest.approx(0.95, rel=1e-12) and m["ratio_q3"] == pytest.approx(1.05, rel=1e-12)
+    assert bench.paired([2.0], [3.0]) == dict(a=2.0, b=3.0, ratio=1.5, ratio_q1=1.5, ratio_q3=1.5)  # one round
+
+
+def test_bench_report_kv_rows_name_contexts_and_bytes_in_binary_units(bench_json):
+    """Mutants: context_name in thousands (1024 printed as 1024, not 1K); human() dividing by 1000; the batch
+    columns printing one sequence's bytes. paper_780m, bf16: the baseline caches 2 x 24 x 1536 x 2 = 147,456
+    bytes a token, BoV 40 x 1536 x 2 + 4 = 122,884, and its 8 tables take 8 x 32768 x 1536 x 2 bytes."""
+    assert bench_json["kv_cache"]["paper_780m"]["batch"] == 32
+    lines = bench.report(bench_json).splitlines()
+    start = next(i for i, l in enumerate(lines) if "KV cache at size paper_780m" in l)
+    rows = lines[start + 3:start + 9]  # after the title, breakeven and header lines
+    assert rows[0] == f"  {'1K':>8} {'144.0 MiB':>11} {'120.0 MiB':>11} {'4.5 GiB':>11} {'3.8 GiB':>11} {'-744.0 MiB':>13} {'-128.0 KiB':>15}"
+    assert rows[5] == f"  {'1M':>8} {'144.0 GiB':>11} {'120.0 GiB':>11} {'4.5 TiB':>11} {'3.8 TiB':>11} {'23.2 GiB':>13} {'767.1 GiB':>15}"
+    assert [r.split()[0] for r in rows] == ["1K", "4K", "16K", "64K", "256K", "1M"]
+    assert [bench.context_name(T) for T in (1000, 1024, 1536, 3 * 1024, 2 ** 20, 3 * 2 ** 20)] == ["1000", "1K", "1536", "3K", "1M", "3M"]
+    assert [bench.human(n) for n in (1023, 1024, -1536, 5 * 2 ** 40, 2 ** 50)] == ["1023 B", "1.0 KiB", "-1.5 KiB", "5.0 TiB", "1024.0 TiB"]
+
+
+def test_cache_allocated_flags_a_mismatch_and_keeps_the_presets_block_size(bench_json, monkeypatch):
+    """Mutants: `exact` as any() of the two presets; the report's == / != flipped; the decode model's
+    block_size = the largest context, not at least the preset's own (cpu: 256)."""
+    c = bench_json["cache_allocated"]
+    assert c["a"]["max_len"] == c["b"]["max_len"] == 256  # --contexts 16,40 under the cpu size's 256
+    benches = [bench.Bench("cpu", v, bench.parse_overrides(TINY), 32, 1, "cpu", torch.float32) for v in ("baseline", "bov")]
+    assert benches[0].decode_cfg.block_size == 256 and benches[0].train_cfg.block_size == 256
+    prefill = benches[1].prefill
+
+    def prefill_one_byte_over(n):  # as if B's cache allocated a byte more than kv_cache_bytes says
+        tok = prefill(n)
+        real = benches[1].cache.nbytes()
+        monkeypatch.setattr(benches[1].cache, "nbytes", lambda: real + 1, raising=False)
+        return tok
+    benches[1].prefill = prefill_one_byte_over
+    c = bench.cache_allocated(benches, 32)
+    assert c["exact"] is False and c["a"]["allocated"] == c["a"]["analytic"] and c["b"]["allocated"] == c["b"]["analytic"] + 1
+    lines = bench.report({**bench_json, "cache_allocated": c}).splitlines()
+    cache = lines[next(i for i, l in enumerate(lines) if l.startswith("Decode cache allocated")) + 1:][:2]
+    assert "bytes == analytic" in cache[0] and cache[0].split()[0] == "baseline"
+    assert "bytes != analytic" in cache[1] and cache[1].split()[0] == "bov"
+
+
+def test_bench_refuses_zero_counts_and_metrics_without_plot_and_has_its_documented_defaults(capsys):
+    """Mutants: the `< 1` refusals as `< 0` (--steps 0 dies in time_decode on 0 / 0.0, a traceback); metrics files
+    accepted without --plot (and silently ignored); --serve_batch's default 32 changed."""
+    for k in ("steps", "rounds", "batch", "decode_batch", "serve_batch", "threads"):
+        with pytest.raises(SystemExit) as e:
+            bench.parse_args([f"--{k}", "0"] + ["--threads", "1"] * (k != "threads"))
+        assert e.value.code == 2 and f"--{k} must be at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(["out/cpu_bov/metrics.jsonl", "--threads", "1"])
+    assert e.value.code == 2 and "metrics files are read for --plot only" in capsys.readouterr().err
+    args = bench.parse_args(["--threads", "1"])
+    assert (args.steps, args.rounds, args.batch, args.decode_batch, args.serve_batch) == (32, 7, 8, 1, 32)
+    assert args.contexts == [128, 1024, 4096] and args.variants == ["baseline", "bov"]
+    args = bench.parse_args(["--quick", "--rounds", "3", "--contexts", "40,16,40", "--threads", "1"])
+    assert (args.steps, args.rounds, args.batch) == (4, 3, 2) and args.contexts == [16, 40]  # sorted, once each
+
+
+def test_run_measures_the_configured_paper_size_and_counts_flops_over_the_train_block(monkeypatch):
+    """Mutants: the paper sizes' own configs overriding --config's when --size names a paper size (the accounting
+    and KV tables would show the paper's model and its budget, not the one measured); the FLOPs' token count taken
+    from the decode model's block_size (here the largest context, 100) rather than the train step's (64)."""
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: {})  # the speed runs: not needed here
+    argv = ["--size", "paper_135m", "--config", TINY + ",block_size=64", "--contexts", "100", "--quick", "--threads", "1"]
+    args = bench.parse_args(argv)
+    args.argv = argv
+    r = bench.run(args, lambda msg: None)
+    rows = {(x["size"], x["variant"]): x for x in r["accounting"]}
+    d, V = 48, 97
+    assert rows["paper_135m", "baseline"]["dense_params"] == 2 * V * d + 6 * 12 * d * d  # --config's model
+    assert rows["paper_135m", "baseline"]["budget_tokens"] is None and rows["paper_780m", "baseline"]["budget_tokens"] > 0
+    assert r["kv_cache"]["paper_135m"]["rows"][0]["seq_bytes_a"] == 2 * 6 * d * 2 * 1024
+    assert r["kv_cache"]["paper_780m"]["rows"][0]["seq_bytes_a"] == 2 * 24 * 1536 * 2 * 1024
+    assert r["flops_measured"]["tokens"] == 64 and r["cache_allocated"]["a"]["max_len"] == 100
+    assert r["speed"]["train_block_size"] == 64
