@@ -127,23 +127,31 @@ def kv_memory(cfg_a, cfg_b, batch, dtype=KV_DTYPE):
                          net_saving_batch=batch * (seq_a - seq_b) + tab_a - tab_b,
                          eq6_bytes=(n_vfree * T - n_tables * V) * d * s))  # eq. 6 for any pair, without the ids
     # breakeven: the tokens (T for one sequence, n T for n sequences sharing the tables) where B's saved cache
-    # pays for its extra tables
+    # pays for its extra tables, or (B caching more per token, A holding more table bytes) where A's tables
+    # stop outweighing B's larger cache: B saves above the breakeven in the first case, below it in the second
     per_token_saving = kv_per_token(cfg_a, dtype) - kv_per_token(cfg_b, dtype)
     extra_tables = tab_b - tab_a
-    if per_token_saving > 0:
+    below = per_token_saving < 0 and extra_tables < 0
+    if below:
+        breakeven = extra_tables / per_token_saving  # both negative
+    elif per_token_saving > 0:
         breakeven = max(extra_tables, 0) / per_token_saving  # 0 when B adds no table bytes
     elif per_token_saving == 0 and extra_tables < 0:
         breakeven = 0  # the same cache, fewer table bytes: B saves from the first token
     else:
-        breakeven = None  # B saves no cache per token
-    first_saving = lambda tokens: math.floor(tokens) + 1 if tokens is not None else None  # at the root itself, B saves 0
+        breakeven = None  # B saves no cache per token and no table bytes
+    per_seq = breakeven / batch if breakeven is not None else None
+    # the whole contexts at which B saves bytes, for one sequence and for each of the batch's: from the first
+    # past the root (at the root itself B saves 0) on; or, below, from 1 to the last before the root
+    first_saving = lambda tokens: None if tokens is None else 1 if below else math.floor(tokens) + 1
+    last_saving = lambda tokens: math.ceil(tokens) - 1 if below else None
     return dict(dtype=str(dtype).replace("torch.", ""), batch=batch, rows=rows, breakeven_tokens=breakeven,
                 # eq. 6's root T = (tables added) |V| / (V-free layers added): |V| for BoV against the baseline
-                breakeven_paper=n_tables * V // n_vfree if n_tables > 0 and n_vfree > 0 else None,
-                breakeven_context_batch=breakeven / batch if breakeven is not None else None,
-                # the shortest whole contexts at which B saves bytes: one sequence, and each of the batch's
-                saves_from_context=first_saving(breakeven),
-                saves_from_context_batch=first_saving(breakeven / batch if breakeven is not None else None))
+                # (and for the baseline against BoV, both negative)
+                breakeven_paper=n_tables * V / n_vfree if n_tables * n_vfree > 0 else None,
+                breakeven_context_batch=per_seq,
+                saves_from_context=first_saving(breakeven), saves_from_context_batch=first_saving(per_seq),
+                saves_until_context=last_saving(breakeven), saves_until_context_batch=last_saving(per_seq))
 
 
 def measured_flops(cfg, device):
@@ -525,21 +533,50 @@ def human(n):
     """bytes -> '1.5 GiB' (signed)"""
     sign, n = ("-" if n < 0 else ""), abs(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
+        if round(n, None if unit == "B" else 1) < 1024 or unit == "TiB":  # as printed: 1048575 B is 1.0 MiB
             return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
         n /= 1024
 
 
 def short(n):
     """1971234567 -> '1.97B'"""
-    for unit, k in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= k:
-            return f"{n / k:.2f}{unit}"
-    return f"{n:.0f}"
+    for unit, k in (("", 1), ("K", 1e3), ("M", 1e6), ("B", 1e9), ("T", 1e12)):
+        if round(abs(n) / k, 2 if unit else None) < 1000 or unit == "T":  # as printed: 999,999 is 1.00M
+            return f"{n / k:.2f}{unit}" if unit else f"{n:.0f}"
 
 
 def context_name(T):
     return f"{T // 2 ** 20}M" if T % 2 ** 20 == 0 else f"{T // 1024}K" if T % 1024 == 0 else str(T)
+
+
+def kv_lines(size, kv):
+    """The report's lines for one size's kv_memory(): the breakeven, then bytes per context."""
+    lines = [f"KV cache at size {size} ({kv['dtype']}, batch {kv['batch']}); value tables: A {human(kv['rows'][0]['table_bytes_a'])}, "
+             f"B {human(kv['rows'][0]['table_bytes_b'])} (one copy, shared by the batch); "
+             f"saving = A cache + A tables - B cache - B tables"]
+    be, paper = kv["breakeven_tokens"], kv["breakeven_paper"]
+    if be is None:
+        breakeven = "none (B saves no cache per token and no table bytes)"
+    elif be == 0:
+        breakeven = "none needed (B adds no table bytes and saves memory at every context)"
+    else:
+        breakeven = f"T = {be:,.1f} tokens for one sequence"
+        if paper is not None:
+            breakeven += f" (eq. 6: T = {paper:,.10g})"
+        saves = lambda k: (f"up to T = {kv['saves_until_' + k]:,}" if kv.get("saves_until_" + k) is not None
+                           else f"from T = {kv['saves_from_' + k]:,}")
+        breakeven += (f", B saves {saves('context')}; {kv['batch']} sequences sharing the tables: "
+                      f"T = {kv['breakeven_context_batch']:,.1f} each ({kv['batch']} x T = {be:,.1f}), B saves "
+                      f"{saves('context_batch')}")
+    lines.append(f"  breakeven: {breakeven}")
+    lines.append(f"  {'context':>8} {'A / seq':>11} {'B / seq':>11} {'A / batch':>11} {'B / batch':>11} "
+                 f"{'saving / seq':>13} {'saving / batch':>15}")
+    for row in kv["rows"]:
+        n = kv["batch"]
+        lines.append(f"  {context_name(row['context']):>8} {human(row['seq_bytes_a']):>11} {human(row['seq_bytes_b']):>11} "
+                     f"{human(n * row['seq_bytes_a']):>11} {human(n * row['seq_bytes_b']):>11} "
+                     f"{human(row['net_saving_seq']):>13} {human(row['net_saving_batch']):>15}")
+    return lines
 
 
 def report(r):
@@ -564,29 +601,7 @@ def report(r):
                      f"measured/estimate {f[k]['measured'] / f[k]['estimate']:.4f}")
     lines.append(f"  B/A measured {f['ratio']:.4f}")
     for size, kv in r["kv_cache"].items():
-        lines += ["", f"KV cache at size {size} ({kv['dtype']}, batch {kv['batch']}); value tables: A {human(kv['rows'][0]['table_bytes_a'])}, "
-                  f"B {human(kv['rows'][0]['table_bytes_b'])} (one copy, shared by the batch); "
-                  f"saving = A cache + A tables - B cache - B tables"]
-        be, paper = kv["breakeven_tokens"], kv["breakeven_paper"]
-        if be is None:
-            breakeven = "none (B saves no cache per token)"
-        elif be == 0:
-            breakeven = "none needed (B adds no table bytes and saves memory at every context)"
-        else:
-            breakeven = f"T = {be:,.1f} tokens for one sequence"
-            if paper is not None:
-                breakeven += f" (eq. 6: T = {paper:,})"
-            breakeven += (f", B saves from T = {kv['saves_from_context']:,}; {kv['batch']} sequences sharing the tables: "
-                          f"T = {kv['breakeven_context_batch']:,.1f} each ({kv['batch']} x T = {be:,.1f}), B saves from "
-                          f"T = {kv['saves_from_context_batch']:,}")
-        lines.append(f"  breakeven: {breakeven}")
-        lines.append(f"  {'context':>8} {'A / seq':>11} {'B / seq':>11} {'A / batch':>11} {'B / batch':>11} "
-                     f"{'saving / seq':>13} {'saving / batch':>15}")
-        for row in kv["rows"]:
-            n = kv["batch"]
-            lines.append(f"  {context_name(row['context']):>8} {human(row['seq_bytes_a']):>11} {human(row['seq_bytes_b']):>11} "
-                         f"{human(n * row['seq_bytes_a']):>11} {human(n * row['seq_bytes_b']):>11} "
-                         f"{human(row['net_saving_seq']):>13} {human(row['net_saving_batch']):>15}")
+        lines += ["", *kv_lines(size, kv)]
     c = r["cache_allocated"]
     lines += ["", f"Decode cache allocated (KVCache.nbytes() of a cache preallocated for {c['a']['max_len']:,} positions, "
               f"filled by a prefill to {c['a']['context']:,}, {c['a']['dtype']}"

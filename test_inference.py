@@ -506,7 +506,8 @@ def test_bench_kv_memory_follows_eq6(bench_json):
     ("baseline", "bov_shared_table", 32768 // 4, 32768 / 4),  # one table for 4 V-free layers: eq. 6 at |V| / 4
     ("baseline", "svformer", None, 0),   # V1 replaces V: no table, so no breakeven to wait for
     ("bov_keep_v", "bov", None, 0),      # the same tables on both sides
-    ("bov", "baseline", None, None),     # B caches more per token: it never saves
+    # B caches more per token but holds no tables: it saves below T = |V| (a little past it: A caches an int32 id a token)
+    ("bov", "baseline", 32768, 32768 * 6144 / 6140),
     ("bov", "bov_shared_table", None, 0),  # the same cache, 1 table for 4: B saves from the first token
     ("bov", "svformer", None, 0),        # a smaller cache and no tables: B saves from the first token
     ("baseline", "t1_r09", None, None),  # the same cache, no tables on either side: nothing saved, ever
@@ -523,7 +524,30 @@ def test_bench_breakeven_of_other_pairs(bench_json, a, b, paper, breakeven):
     text = bench.report({**bench_json, "kv_cache": {"paper_135m": kv}})  # the table prints for every pair
     line = next(l for l in text.splitlines() if "breakeven:" in l)
     assert ("none needed" in line) == (breakeven == 0) and ("saves no cache" in line) == (breakeven is None)
-    assert ("eq. 6: T = 8,192" in line) == (paper is not None)
+    A, B = GPTConfig.preset("paper_135m", a), GPTConfig.preset("paper_135m", b)
+    net = lambda n, T: n * (A.kv_cache_bytes(1, T, torch.bfloat16) - B.kv_cache_bytes(1, T, torch.bfloat16)) + \
+        A.table_bytes(torch.bfloat16) - B.table_bytes(torch.bfloat16)
+    for n, first, last in ((1, kv["saves_from_context"], kv["saves_until_context"]),
+                           (32, kv["saves_from_context_batch"], kv["saves_until_context_batch"])):
+        if first is not None:  # B saves from `first` (and not at the context before it, past the first token) ...
+            assert net(n, first) > 0 and (first == 1 or net(n, first - 1) <= 0)
+        if last is not None:  # ... up to `last`, and not beyond
+            assert net(n, last) > 0 >= net(n, last + 1)
+    if a == "bov" and b == "baseline":  # the baseline saves BoV's tables until its larger cache outgrows them
+        assert (kv["saves_from_context"], kv["saves_until_context"], kv["saves_until_context_batch"]) == (1, 32789, 1024)
+        assert line == ("  breakeven: T = 32,789.3 tokens for one sequence (eq. 6: T = 32,768), B saves up to T = 32,789; "
+                        "32 sequences sharing the tables: T = 1,024.7 each (32 x T = 32,789.3), B saves up to T = 1,024")
+    else:
+        assert kv["saves_until_context"] is None and kv["saves_until_context_batch"] is None
+    assert ("(eq. 6: T = " in line) == (paper is not None) and (paper is None or f"(eq. 6: T = {paper:,})" in line)
+
+
+def test_eq6_root_is_not_rounded():
+    """eq. 6's root (tables added) |V| / (V-free layers added) is a fraction in general: one table shared by
+    the 2 V-free layers of the cpu size at |V| = 97 breaks even at T = 48.5 (48.75 with BoV's id bytes)."""
+    kv = bench.kv_memory(GPTConfig.preset("cpu", "baseline", vocab_size=97), GPTConfig.preset("cpu", "bov_shared_table", vocab_size=97), 1)
+    assert kv["breakeven_paper"] == 48.5 and kv["breakeven_tokens"] == 97 * 192 * 2 / (2 * 192 * 2 - 4)  # 48.75
+    assert "(eq. 6: T = 48.5)" in next(l for l in bench.kv_lines("cpu", kv) if "breakeven:" in l)
 
 
 def test_eq6_bytes_count_the_tables_of_both_sides():
@@ -1001,6 +1025,10 @@ def test_bench_report_kv_rows_name_contexts_and_bytes_in_binary_units(bench_json
     assert [r.split()[0] for r in rows] == ["1K", "4K", "16K", "64K", "256K", "1M"]
     assert [bench.context_name(T) for T in (1000, 1024, 1536, 3 * 1024, 2 ** 20, 3 * 2 ** 20)] == ["1000", "1K", "1536", "3K", "1M", "3M"]
     assert [bench.human(n) for n in (1023, 1024, -1536, 5 * 2 ** 40, 2 ** 50)] == ["1023 B", "1.0 KiB", "-1.5 KiB", "5.0 TiB", "1024.0 TiB"]
+    # the unit is picked on the number as printed: never "1024.0 KiB" or "1000.00K"
+    assert [bench.human(n) for n in (1023.4, 1023.7, 1048575, 1048524, -(2 ** 30 - 1))] == \
+        ["1023 B", "1.0 KiB", "1.0 MiB", "1023.9 KiB", "-1.0 GiB"]
+    assert [bench.short(n) for n in (999, 999_994, 999_999, 1_971_234_567, 2.5e12)] == ["999", "999.99K", "1.00M", "1.97B", "2.50T"]
 
 
 def test_cache_allocated_flags_a_mismatch_and_keeps_the_presets_block_size(bench_json, monkeypatch):
