@@ -65,7 +65,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory
 from prepare_data import ArgumentParser, atomic_write, json_lines, out_dir_problem, plural, silence_stdout, whole_number
-from sample import autocast, check_device, resolve_dtype
+from sample import autocast, check_device, keep_freed_memory, resolve_dtype
 
 PAPER_BUDGETS = {"paper_135m": 1.5e18, "paper_780m": 3.91e19}  # training FLOPs of the paper's runs
 KV_CONTEXTS = [2 ** k for k in range(10, 21, 2)]              # 1K, 4K, 16K, 64K, 256K, 1M
@@ -742,6 +742,7 @@ def run(args, log):
     for v in args.variants:
         GPTConfig.preset(args.size, v, **overrides)  # ValueError, in one line, for a bad name or field
     check_device(args.device)
+    keep_freed_memory(args.device)
     dtype = resolve_dtype(args.dtype, args.device)
     torch.set_num_threads(args.threads)
     sizes = {s: {} for s in PAPER_BUDGETS} | {args.size: overrides}

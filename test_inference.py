@@ -1088,3 +1088,44 @@ def test_run_measures_the_configured_paper_size_and_counts_flops_over_the_train_
     assert r["kv_cache"]["paper_780m"]["rows"][0]["seq_bytes_a"] == 2 * 24 * 1536 * 2 * 1024
     assert r["flops_measured"]["tokens"] == 64 and r["cache_allocated"]["a"]["max_len"] == 100
     assert r["speed"]["train_block_size"] == 64
+
+
+def test_cpu_runs_keep_the_memory_a_step_frees(tiny, monkeypatch, capsys):
+    """glibc hands a freed block past its mmap threshold back to the kernel, and the next allocation faults
+    every page in again (a fifth of a CPU train step at the cpu size); keep_freed_memory stops that, on the
+    CPU only, and sample.py and bench.py set it (train.py and eval.py: their own tests)."""
+    assert sample.keep_freed_memory("meta") is False and sample.keep_freed_memory("cuda") is False
+    # in a fresh process, through malloc itself (torch's CPU tensors come from it): a 64 MiB block written and
+    # freed 8 times. glibc would map it anew each time (past its mmap threshold's 32 MiB cap), or, with mmap off
+    # alone, hand it back as soon as it is freed (trimming the heap's top): 16,384 page faults each time.
+    code = """if 1:
+        import ctypes, resource, sample
+        print(sample.keep_freed_memory("cpu"))  # Linux with glibc, as CI
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+        faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        counts = []
+        for _ in range(8):
+            before = faults()
+            block = libc.malloc(64 << 20)
+            ctypes.memset(block, 1, 64 << 20)
+            libc.free(block)
+            counts.append(faults() - before)
+        print(counts)"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    kept, counts = out.stdout.splitlines()
+    counts = json.loads(counts)
+    assert kept == "True" and counts[0] > 16000 and sum(counts[1:]) < 100, counts  # faulted in once, then kept
+    for module in (sample, bench):
+        kept, keep = [], module.keep_freed_memory
+        monkeypatch.setattr(module, "keep_freed_memory", lambda device: (kept.append(device), keep(device))[1])
+        if module is sample:
+            run_sample(capsys, "--ckpt", tiny[0], "--max_new_tokens", 2, "--device", "cpu")
+        else:
+            monkeypatch.setattr(bench, "measure", lambda *a, **k: {})  # the speed runs: not needed here
+            argv = ["--config", TINY, "--contexts", "40", "--quick", "--threads", "1", "--device", "cpu"]
+            args = bench.parse_args(argv)
+            args.argv = argv
+            bench.run(args, lambda msg: None)
+        assert kept == ["cpu"], module

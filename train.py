@@ -45,7 +45,7 @@ from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, o
 from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, being_written, load_meta, load_token_bytes,
                           load_tokenizer, load_tokens, lock_folder, missing_top, out_dir_problem, prepare_command,
                           remove_unused, silence_stdout, tokenizer_sha256, whole_number, write_json)
-from sample import autocast as sample_autocast, check_device
+from sample import autocast as sample_autocast, check_device, keep_freed_memory
 
 # -----------------------------------------------------------------------------
 # Defaults. Learning rates are the peak rates of the paper's 135M run (Table 6; table_lr from Section 5); configure_optimizers
@@ -655,6 +655,7 @@ def setup_device(s):
         if name.startswith("cuda:"):  # one rank's GPU may fail alone
             RUN["alike"] = False
         raise ConfigError(str(e)) from None
+    keep_freed_memory(name)
     dev = torch.device(name)
     if ddp:
         # Blocked in here, waiting for a rank that failed, a process cannot run Python's signal handlers, and
