@@ -997,14 +997,15 @@ def resolve_config(args):
 
 
 # The state files come last: they are written first and removed last, so that none of the other names is ever
-# in a folder without meta.json or progress.json (a run killed at any point leaves a state that says what to redo),
-# and such a name found there alone is a file prepare_data.py did not write (see strays).
+# in a folder without meta.json or progress.json (a run killed at any point leaves a state that says what to redo;
+# an older prepare_data.py's interrupted runs could, see strays).
 OUR_FILES = ("train_*.bin", "val_*.bin", "token_bytes.npy", "tokenizer.json", "progress.json", "meta.json")
-OUR_TEMPS = tuple(name + ".tmp" for name in OUR_FILES)  # atomic_write's names: a user's own *.tmp files stay
+OUR_TEMPS = tuple(name + ".tmp" for name in OUR_FILES)  # atomic_write's names (removed as ours); other *.tmp stay
 
 
 def _matches(out_dir, patterns):
-    return [path for pattern in patterns for path in sorted(glob.glob(os.path.join(out_dir, pattern)))]
+    folder = glob.escape(os.fspath(out_dir))  # a folder named o[1] is no pattern
+    return [path for pattern in patterns for path in sorted(glob.glob(os.path.join(folder, pattern)))]
 
 
 def _remove(out_dir, patterns):
@@ -1012,10 +1013,31 @@ def _remove(out_dir, patterns):
         os.remove(path)
 
 
+def _holds_ours(path):
+    """Whether a file named as one of ours holds what this tool writes under that name: a token shard's magic,
+    tokenizer.json's fields, an int32 token_bytes.npy."""
+    name = os.path.basename(path)
+    try:
+        if name.endswith(".bin"):
+            with open(path, "rb") as f:
+                return f.read(len(MAGIC)) == MAGIC
+        if name == "tokenizer.json":
+            with open(path) as f:
+                tok = json.load(f)
+            return isinstance(tok, dict) and {"kind", "pattern", "bos_id", "ranks"} <= set(tok)
+        if name == "token_bytes.npy":
+            return np.load(path, allow_pickle=False).dtype == np.int32
+    except (OSError, ValueError, EOFError):
+        return False
+    return False
+
+
 def strays(out_dir):
-    """Files in out_dir named as this tool names its own (OUR_FILES). In a folder without a state file this
-    tool did not write them: a fresh run there would replace them, and refuses to unless --force."""
-    return _matches(out_dir, OUR_FILES)
+    """The files in a folder without a state file that are named as this tool's own (OUR_FILES) but do not hold
+    what it writes there: a fresh run would replace them, and refuses to unless --force. (Ours there are an
+    older prepare_data.py's interrupted run's, which wrote the tokenizer files before its state file and
+    removed the state files first: a fresh run starts over.)"""
+    return [path for path in _matches(out_dir, OUR_FILES) if not _holds_ours(path)]
 
 
 def load_state(out_dir, config, force, readonly=False):
@@ -1023,15 +1045,16 @@ def load_state(out_dir, config, force, readonly=False):
     with shard lists cut at the first bad shard; None to start from scratch, after deleting our
     files there on --force or when the tokenizer files are unreadable. DataError if the state is
     unreadable or was made with another config. readonly: delete and print nothing (the answer only)."""
+    if force:  # every file named as ours, with or without a state file
+        if _matches(out_dir, OUR_TEMPS + OUR_FILES):
+            print(f"--force: removing the prepared files in {out_dir}")
+            _remove(out_dir, OUR_TEMPS + OUR_FILES)
+        return None
     for name in ("meta.json", "progress.json"):
         path = os.path.join(out_dir, name)
         if os.path.exists(path):
             break
     else:
-        return None
-    if force:
-        print(f"--force: removing the prepared files in {out_dir}")
-        _remove(out_dir, OUR_TEMPS + OUR_FILES)
         return None
     try:
         with open(path) as f:
@@ -1111,9 +1134,14 @@ def prepare(config, out_dir, force=False, held=None):
         source = new_source()
         tok = new_tokenizer_json(source, config)
     state = load_state(out_dir, config, force, readonly=reading)
-    if state is None and not (force or reading) and os.path.isdir(out_dir) and (found := strays(out_dir)):
-        raise DataError(f"{found[0]} was not written by prepare_data.py ({out_dir} has no meta.json or progress.json) "
-                        f"and a new preparation would replace it; move it, use another --out_dir, or pass --force")
+    if state is None and not (force or reading) and os.path.isdir(out_dir):
+        if found := strays(out_dir):
+            raise DataError(f"{found[0]} was not written by prepare_data.py ({out_dir} has no meta.json or "
+                            f"progress.json) and a new preparation would replace it; move it, use another --out_dir, "
+                            f"or pass --force")
+        if _matches(out_dir, OUR_FILES):  # ours, from an older version's interrupted run
+            print(f"{out_dir}: files of an interrupted preparation without its state file; starting over")
+            _remove(out_dir, OUR_TEMPS + OUR_FILES)
     complete = (state is not None and state["val_done"] and state["train_done"]
                 and os.path.exists(os.path.join(out_dir, "meta.json")))
     if complete:

@@ -1076,23 +1076,46 @@ def small_corpus(tmp_path):
             "--shard_tokens", 1000)
 
 
-@pytest.mark.parametrize("name", ["train_00000.bin", "tokenizer.json", "meta.json.tmp"])
+@pytest.mark.parametrize("name", ["train_00000.bin", "tokenizer.json", "token_bytes.npy", "meta.json.tmp"])
 def test_a_file_named_like_ours_in_a_folder_we_did_not_prepare_is_refused_not_replaced(tmp_path, name):
     args = small_corpus(tmp_path)
-    (tmp_path / "d").mkdir()
-    (tmp_path / "d" / name).write_bytes(b"the user's own")
-    (tmp_path / "d" / "notes.txt").write_text("kept")
-    if name.endswith(".tmp"):  # a user's *.tmp is no name of ours: the run goes on, and leaves it
-        assert prep(*args, "--out_dir", tmp_path / "d") is None
+    d = tmp_path / "d[1]"  # glob's special characters in the folder's name change nothing
+    d.mkdir()
+    (d / name).write_bytes(b"the user's own")
+    (d / "notes.tmp").write_text("kept")
+    if name.endswith(".tmp"):  # one of our temporary names: removed as ours, and the run goes on
+        assert prep(*args, "--out_dir", d) is None
+        assert not (d / name).exists()
     else:
-        msg = prep(*args, "--out_dir", tmp_path / "d")
+        msg = prep(*args, "--out_dir", d)
         assert isinstance(msg, str) and "\n" not in msg
         assert name in msg and "not written by prepare_data.py" in msg and "--force" in msg
-        assert (tmp_path / "d" / name).read_bytes() == b"the user's own"
-        assert sorted(os.listdir(tmp_path / "d")) == sorted([name, "notes.txt", pd.LOCK])  # nothing written
-        assert prep(*args, "--out_dir", tmp_path / "d", "--force") is None  # --force replaces it
-    pd.load_meta(tmp_path / "d")
-    assert (tmp_path / "d" / "notes.txt").read_text() == "kept"
+        assert (d / name).read_bytes() == b"the user's own"
+        assert sorted(os.listdir(d)) == sorted([name, "notes.tmp", pd.LOCK])  # nothing written
+        (d / "val_00003.bin").write_bytes(b"the user's too")
+        assert prep(*args, "--out_dir", d, "--force") is None  # --force replaces them, and removes the rest
+        meta = pd.load_meta(d)
+        assert {f for f in os.listdir(d) if f.endswith(".bin")} == {s["file"] for s in meta["train_shards"] + meta["val_shards"]}
+    pd.load_meta(d)
+    assert (d / "notes.tmp").read_text() == "kept"
+
+
+@pytest.mark.parametrize("left", [("token_bytes.npy",), ("token_bytes.npy", "tokenizer.json"), "all but meta.json"])
+def test_an_older_versions_interrupted_run_starts_over(tmp_path, left, capsys):
+    """An older prepare_data.py wrote the tokenizer files before its state file, and removed the state files first
+    (--force, or a start-over): its interrupted runs could leave our files without a state file. They hold what
+    we write, so a rerun starts over, not refuses them as a user's."""
+    args = small_corpus(tmp_path)
+    assert prep(*args, "--out_dir", tmp_path / "clean") is None
+    d = tmp_path / "d"
+    shutil.copytree(tmp_path / "clean", d)
+    for f in os.listdir(d):
+        if f == "meta.json" or (left != "all but meta.json" and f not in left and f != pd.LOCK):
+            os.remove(d / f)
+    capsys.readouterr()
+    assert prep(*args, "--out_dir", d) is None
+    assert "files of an interrupted preparation without its state file; starting over" in capsys.readouterr().out
+    assert {n: h for n, (_, h) in snapshot(d).items()} == {n: h for n, (_, h) in snapshot(tmp_path / "clean").items()}
 
 
 @pytest.mark.parametrize("dies_at", [1, 2, 3, 4])  # progress.json, token_bytes.npy, tokenizer.json, the first shard
