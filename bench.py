@@ -142,9 +142,11 @@ def kv_memory(cfg_a, cfg_b, batch, dtype=KV_DTYPE):
         breakeven = None  # B saves no cache per token and no table bytes
     per_seq = breakeven / batch if breakeven is not None else None
     # the whole contexts at which B saves bytes, for one sequence and for each of the batch's: from the first
-    # past the root (at the root itself B saves 0) on; or, below, from 1 to the last before the root
-    first_saving = lambda tokens: None if tokens is None else 1 if below else math.floor(tokens) + 1
-    last_saving = lambda tokens: math.ceil(tokens) - 1 if below else None
+    # past the root (at the root itself B saves 0) on; or, below, from 1 to the last before the root (none when
+    # the root is at 1 token or less)
+    first_saving = lambda tokens: (None if tokens is None or (below and tokens <= 1)
+                                   else 1 if below else math.floor(tokens) + 1)
+    last_saving = lambda tokens: math.ceil(tokens) - 1 if below and tokens > 1 else None
     return dict(dtype=str(dtype).replace("torch.", ""), batch=batch, rows=rows, breakeven_tokens=breakeven,
                 # eq. 6's root T = (tables added) |V| / (V-free layers added): |V| for BoV against the baseline
                 # (and for the baseline against BoV, both negative)
@@ -564,7 +566,8 @@ def kv_lines(size, kv):
         if paper is not None:
             breakeven += f" (eq. 6: T = {paper:,.10g})"
         saves = lambda k: (f"up to T = {kv['saves_until_' + k]:,}" if kv.get("saves_until_" + k) is not None
-                           else f"from T = {kv['saves_from_' + k]:,}")
+                           else f"from T = {kv['saves_from_' + k]:,}" if kv["saves_from_" + k] is not None
+                           else "at no context")
         breakeven += (f", B saves {saves('context')}; {kv['batch']} sequences sharing the tables: "
                       f"T = {kv['breakeven_context_batch']:,.1f} each ({kv['batch']} x T = {be:,.1f}), B saves "
                       f"{saves('context_batch')}")

@@ -55,7 +55,7 @@ from tqdm import tqdm
 from model import GPT, checkpoint_file, first_line, no_checkpoint, out_of_memory, unreadable_checkpoint
 from prepare_data import (ArgumentParser, DataError, connection_text, is_http_url, json_lines, not_utf8, silence_stdout, url_reachable,
                           write_json)
-from sample import autocast, check_device, checkpoint_tokenizer, keep_freed_memory, resolve_dtype
+from sample import autocast, check_device, checkpoint_tokenizer, resolve_dtype
 
 EVAL_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
 
@@ -485,7 +485,6 @@ def main(argv=None):
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks is not None else None
         check_tasks(tasks)
         check_device(args.device)
-        keep_freed_memory(args.device)
         loaded = load_bundle(args.bundle, tasks)  # every task file read before the model: fail fast on bad data
         model, ckpt = GPT.from_checkpoint(args.ckpt, args.device)
         tokenizer = checkpoint_tokenizer(args.ckpt, ckpt, model.config.vocab_size, args.data_dir)

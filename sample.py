@@ -132,12 +132,14 @@ M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt() parameters (<malloc.h
 
 
 def keep_freed_memory(device):
-    """On the CPU under glibc (Linux), keep the memory a step frees for the next one, as torch's caching
-    allocator does on a GPU (also used by train.py, bench.py and eval.py). By default malloc hands every freed
+    """On the CPU under glibc (Linux), keep the memory a training step frees for the next one, as torch's caching
+    allocator does on a GPU (train.py and bench.py, which times train steps). By default malloc hands every freed
     block past its mmap threshold (128 KiB, rising to 32 MiB) back to the kernel, and the next step faults it in
     again page by page: at the cpu size that was a fifth of a train step (105k page faults, 190 ms of kernel time
-    in a 520 ms step of 8 x 256 tokens on 2 cores; 405 ms a step without them). The process keeps its peak memory
-    until it ends. Whether it was set: not on a GPU (its tensors are not malloc's) nor off glibc."""
+    in a 520 ms step of 8 x 256 tokens on 2 cores). The price: the heap never shrinks and fragments, so the
+    process's resident memory peaks higher (about a third more at the cpu size). Whether it was set: not on a GPU
+    (its tensors are not malloc's) nor off glibc. sample.py and eval.py leave malloc alone: decoding allocates
+    little, and an evaluation's speed was not measured."""
     if torch.device(device).type != "cpu" or not sys.platform.startswith("linux"):
         return False
     try:
@@ -249,7 +251,6 @@ def main(argv=None):
         sys.exit("sample.py: error: stdout is closed; the text has nowhere to go")
     try:
         check_device(args.device)
-        keep_freed_memory(args.device)
         dtype = resolve_dtype(args.dtype, args.device)
         model, tokenizer = load(args.ckpt, args.device, args.data_dir, args.offload_tables)
         ids = encode_prompt(tokenizer, read_prompt(args.start), model.config.block_size)
