@@ -12,6 +12,7 @@ torch.set_num_threads(1)
 import signal  # noqa: E402
 import struct  # noqa: E402
 import subprocess  # noqa: E402
+import sys  # noqa: E402
 import zipfile  # noqa: E402
 
 import pytest  # noqa: E402
@@ -71,3 +72,13 @@ def kill_leftover_processes(monkeypatch):
             else:
                 p.kill()
             p.wait()
+
+
+@pytest.fixture(autouse=True)
+def malloc_left_alone(monkeypatch):
+    """train.py and bench.py set glibc's malloc to keep freed memory for the rest of their process
+    (sample.keep_freed_memory): their in-process runs here skip it, so that no test runs under settings an
+    earlier test left (test_inference tests the real thing in processes of its own)."""
+    for name in ("train", "bench"):
+        if name in sys.modules:
+            monkeypatch.setattr(sys.modules[name], "keep_freed_memory", lambda device: False)

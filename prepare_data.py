@@ -1004,8 +1004,10 @@ OUR_TEMPS = tuple(name + ".tmp" for name in OUR_FILES)  # atomic_write's names (
 
 
 def _matches(out_dir, patterns):
+    """The files (not folders) in out_dir whose names match patterns, in the patterns' order."""
     folder = glob.escape(os.fspath(out_dir))  # a folder named o[1] is no pattern
-    return [path for pattern in patterns for path in sorted(glob.glob(os.path.join(folder, pattern)))]
+    return [path for pattern in patterns for path in sorted(glob.glob(os.path.join(folder, pattern)))
+            if not os.path.isdir(path)]
 
 
 def _remove(out_dir, patterns):
@@ -1014,20 +1016,29 @@ def _remove(out_dir, patterns):
 
 
 def _holds_ours(path):
-    """Whether a file named as one of ours holds what this tool writes under that name: a token shard's magic,
-    tokenizer.json's fields, an int32 token_bytes.npy."""
+    """Whether a file named as one of ours holds what this tool writes under that name: a whole token shard (our
+    header, and as many bytes as it counts), tokenizer.json's fields, a 1-D int32 token_bytes.npy (its header only)."""
     name = os.path.basename(path)
     try:
         if name.endswith(".bin"):
             with open(path, "rb") as f:
-                return f.read(len(MAGIC)) == MAGIC
+                head = f.read(HEADER_BYTES)
+            if len(head) < HEADER_BYTES:
+                return False
+            magic, version, itemsize, count = HEADER.unpack(head)
+            return (magic == MAGIC and version == FORMAT and itemsize in (2, 4)
+                    and os.path.getsize(path) == HEADER_BYTES + count * itemsize)
         if name == "tokenizer.json":
             with open(path) as f:
                 tok = json.load(f)
             return isinstance(tok, dict) and {"kind", "pattern", "bos_id", "ranks"} <= set(tok)
         if name == "token_bytes.npy":
-            return np.load(path, allow_pickle=False).dtype == np.int32
-    except (OSError, ValueError, EOFError):
+            with open(path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                shape, _, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                                   else np.lib.format.read_array_header_2_0(f))
+            return len(shape) == 1 and dtype == np.int32
+    except (OSError, ValueError, EOFError, RecursionError):  # unreadable, not JSON or not an .npy: not ours
         return False
     return False
 
@@ -1045,9 +1056,9 @@ def load_state(out_dir, config, force, readonly=False):
     with shard lists cut at the first bad shard; None to start from scratch, after deleting our
     files there on --force or when the tokenizer files are unreadable. DataError if the state is
     unreadable or was made with another config. readonly: delete and print nothing (the answer only)."""
-    if force:  # every file named as ours, with or without a state file
+    if force:  # every file named as ours, with or without a state file (the caller holds the folder's lock)
         if _matches(out_dir, OUR_TEMPS + OUR_FILES):
-            print(f"--force: removing the prepared files in {out_dir}")
+            print(f"--force: removing the files named as prepare_data.py's own in {out_dir}")
             _remove(out_dir, OUR_TEMPS + OUR_FILES)
         return None
     for name in ("meta.json", "progress.json"):
@@ -1133,15 +1144,16 @@ def prepare(config, out_dir, force=False, held=None):
     if force:  # --force deletes nothing before the new source is found and its tokenizer made
         source = new_source()
         tok = new_tokenizer_json(source, config)
+        if "lock" not in held and os.path.isdir(out_dir):  # made by another run meanwhile: nothing goes unlocked
+            held["lock"] = lock_folder(out_dir, True, busy)
     state = load_state(out_dir, config, force, readonly=reading)
+    start_over = False  # our files without a state file: an older version's interrupted run's (see strays)
     if state is None and not (force or reading) and os.path.isdir(out_dir):
         if found := strays(out_dir):
             raise DataError(f"{found[0]} was not written by prepare_data.py ({out_dir} has no meta.json or "
                             f"progress.json) and a new preparation would replace it; move it, use another --out_dir, "
                             f"or pass --force")
-        if _matches(out_dir, OUR_FILES):  # ours, from an older version's interrupted run
-            print(f"{out_dir}: files of an interrupted preparation without its state file; starting over")
-            _remove(out_dir, OUR_TEMPS + OUR_FILES)
+        start_over = bool(_matches(out_dir, OUR_FILES))  # removed once the source is found, as --force's
     complete = (state is not None and state["val_done"] and state["train_done"]
                 and os.path.exists(os.path.join(out_dir, "meta.json")))
     if complete:
@@ -1172,6 +1184,9 @@ def prepare(config, out_dir, force=False, held=None):
         os.makedirs(out_dir, exist_ok=True)
         held["lock"] = lock_folder(out_dir, True, busy)
         held["made"] = made  # ours once locked: a run refused here never removes the winner's folder
+    if start_over:
+        print(f"{out_dir}: files of an interrupted preparation without its state file; starting over")
+        _remove(out_dir, OUR_TEMPS + OUR_FILES)
     if state is not None:  # resuming, or repairing a damaged shard: meta.json goes until it is true again
         write_json(os.path.join(out_dir, "progress.json"), state)
     _remove(out_dir, OUR_TEMPS + ("meta.json",))

@@ -1112,10 +1112,57 @@ def test_an_older_versions_interrupted_run_starts_over(tmp_path, left, capsys):
     for f in os.listdir(d):
         if f == "meta.json" or (left != "all but meta.json" and f not in left and f != pd.LOCK):
             os.remove(d / f)
+    pd.write_shard(str(d / "train_00099.bin"), np.array([0, 1, 2], dtype=np.uint16))  # a whole shard of ours, unlisted
+    before = snapshot(d)
+    assert prep("--source", f"files:{tmp_path / 'nothing' / '*.txt'}", *args[2:], "--out_dir", d) == \
+        f"prepare_data.py: error: no files match '{tmp_path / 'nothing' / '*.txt'}'"
+    assert snapshot(d) == before  # nothing removed before the source is found
     capsys.readouterr()
     assert prep(*args, "--out_dir", d) is None
     assert "files of an interrupted preparation without its state file; starting over" in capsys.readouterr().out
     assert {n: h for n, (_, h) in snapshot(d).items()} == {n: h for n, (_, h) in snapshot(tmp_path / "clean").items()}
+
+
+def test_a_users_file_among_ours_or_a_folder_named_like_ours(tmp_path):
+    """Our files beside one of the user's, named as ours but not holding what we write (an int64 .npy, a shard
+    one byte short): refused, and nothing removed. A folder named like a shard is no file of ours: it stays."""
+    args = small_corpus(tmp_path)
+    assert prep(*args, "--out_dir", tmp_path / "clean") is None
+    for name, content in (("token_bytes.npy", None), ("train_00000.bin", "short")):
+        d = tmp_path / f"d_{name}"
+        shutil.copytree(tmp_path / "clean", d)
+        os.remove(d / "meta.json")
+        if content is None:
+            np.save(d / name, np.arange(5, dtype=np.int64))
+        else:
+            (d / name).write_bytes((d / name).read_bytes()[:-1])
+        before = snapshot(d)
+        msg = prep(*args, "--out_dir", d)
+        assert msg.startswith(f"prepare_data.py: error: {d / name} was not written by prepare_data.py"), msg
+        assert snapshot(d) == before
+    d = tmp_path / "e"
+    (d / "val_old.bin").mkdir(parents=True)
+    assert prep(*args, "--out_dir", d) is None and (d / "val_old.bin").is_dir()
+    assert prep(*args, "--out_dir", d, "--force") is None and (d / "val_old.bin").is_dir()
+
+
+def test_force_waits_for_the_lock_of_a_folder_made_while_it_trained_its_tokenizer(tmp_path, monkeypatch):
+    """--force on a folder that does not exist yet takes no lock at first; another run that makes and locks the
+    folder meanwhile must keep its files: --force is refused as busy, removing nothing."""
+    args = small_corpus(tmp_path)
+    d, other, trained = tmp_path / "d", [], pd.new_tokenizer_json
+
+    def meanwhile(source, config):
+        d.mkdir()
+        other.append(pd.lock_folder(str(d), True, "busy"))  # another run's lock (flock: per open file)
+        (d / "progress.json").write_text("{}")
+        (d / "train_00000.bin").write_bytes(b"theirs")
+        return trained(source, config)
+    monkeypatch.setattr(pd, "new_tokenizer_json", meanwhile)
+    msg = prep(*args, "--out_dir", d, "--force")
+    assert msg == f"prepare_data.py: error: {d} is in use: another prepare_data.py is writing it, or a train.py is reading it; wait for it to end"
+    assert (d / "train_00000.bin").read_bytes() == b"theirs" and (d / "progress.json").exists()
+    other[0].close()
 
 
 @pytest.mark.parametrize("dies_at", [1, 2, 3, 4])  # progress.json, token_bytes.npy, tokenizer.json, the first shard

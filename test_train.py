@@ -340,7 +340,7 @@ def test_training_lowers_the_loss_and_logs_coefficients(data_dir, tmp_path, caps
         for name in names:
             os.remove(os.path.join(out, name))
     monkeypatch.chdir(os.path.dirname(data_dir))  # a relative --data_dir; the checkpoint records it absolute
-    kept = []  # recorded, not set in this process (test_inference's test sets it in a process of its own)
+    kept = []  # recorded (conftest keeps it out of the test process; test_inference tests it in processes of its own)
     monkeypatch.setattr(train, "keep_freed_memory", kept.append)
     train.main([*TINY, f"--data_dir={os.path.basename(data_dir)}", f"--out_dir={out}", "--max_iters=30",
                 "--eval_interval=10", "--variant=t1_r13"])
