@@ -1051,11 +1051,15 @@ def strays(out_dir):
     return [path for path in _matches(out_dir, OUR_FILES) if not _holds_ours(path)]
 
 
+START_OVER = "start over"  # load_state's answer for a folder whose files are to be removed once the source is found
+
+
 def load_state(out_dir, config, force, readonly=False):
     """Return the saved state of out_dir (meta.json, else progress.json) if it matches config,
-    with shard lists cut at the first bad shard; None to start from scratch, after deleting our
-    files there on --force or when the tokenizer files are unreadable. DataError if the state is
-    unreadable or was made with another config. readonly: delete and print nothing (the answer only)."""
+    with shard lists cut at the first bad shard; None to start from scratch (after deleting our
+    files there on --force); START_OVER when the tokenizer files are unreadable (the caller deletes
+    our files once the new source is found). DataError if the state is unreadable or was made with
+    another config. readonly: delete and print nothing (the answer only)."""
     if force:  # every file named as ours, with or without a state file (the caller holds the folder's lock)
         if _matches(out_dir, OUR_TEMPS + OUR_FILES):
             print(f"--force: removing the files named as prepare_data.py's own in {out_dir}")
@@ -1094,8 +1098,7 @@ def load_state(out_dir, config, force, readonly=False):
         if readonly:
             return None
         print(f"{out_dir}: tokenizer files unreadable ({e or type(e).__name__}); starting over")
-        _remove(out_dir, OUR_TEMPS + OUR_FILES)
-        return None
+        return START_OVER
     for split in ("val", "train"):
         shards = state[split + "_shards"]
         for k, s in enumerate(shards):
@@ -1147,13 +1150,18 @@ def prepare(config, out_dir, force=False, held=None):
         if "lock" not in held and os.path.isdir(out_dir):  # made by another run meanwhile: nothing goes unlocked
             held["lock"] = lock_folder(out_dir, True, busy)
     state = load_state(out_dir, config, force, readonly=reading)
-    start_over = False  # our files without a state file: an older version's interrupted run's (see strays)
-    if state is None and not (force or reading) and os.path.isdir(out_dir):
+    # our files are removed once the source is found (as --force's): unreadable tokenizer files, or our files
+    # without a state file (an older version's interrupted run's, see strays)
+    start_over = state is START_OVER
+    if start_over:
+        state = None
+    elif state is None and not (force or reading) and os.path.isdir(out_dir):
         if found := strays(out_dir):
             raise DataError(f"{found[0]} was not written by prepare_data.py ({out_dir} has no meta.json or "
                             f"progress.json) and a new preparation would replace it; move it, use another --out_dir, "
                             f"or pass --force")
-        start_over = bool(_matches(out_dir, OUR_FILES))  # removed once the source is found, as --force's
+        if start_over := bool(_matches(out_dir, OUR_FILES)):
+            print(f"{out_dir}: files of an interrupted preparation without its state file; starting over")
     complete = (state is not None and state["val_done"] and state["train_done"]
                 and os.path.exists(os.path.join(out_dir, "meta.json")))
     if complete:
@@ -1185,7 +1193,6 @@ def prepare(config, out_dir, force=False, held=None):
         held["lock"] = lock_folder(out_dir, True, busy)
         held["made"] = made  # ours once locked: a run refused here never removes the winner's folder
     if start_over:
-        print(f"{out_dir}: files of an interrupted preparation without its state file; starting over")
         _remove(out_dir, OUR_TEMPS + OUR_FILES)
     if state is not None:  # resuming, or repairing a damaged shard: meta.json goes until it is true again
         write_json(os.path.join(out_dir, "progress.json"), state)

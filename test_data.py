@@ -697,6 +697,11 @@ def test_more_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
     (out / "token_bytes.npy").write_bytes(b"")
     with pytest.raises(pd.DataError, match="token_bytes.npy is unreadable"):
         pd.load_token_bytes(out)
+    kept = snapshot(out)  # a start-over deletes nothing before the new source is found (its files moved away)
+    os.rename(tmp_path / "corpus", tmp_path / "away")
+    assert prep("--source", "files:" + pattern, *args, "--out_dir", out).endswith(f"no files match {pattern!r}")
+    assert snapshot(out) == kept
+    os.rename(tmp_path / "away", tmp_path / "corpus")
     assert prep("--source", "files:" + pattern, *args, "--out_dir", out) is None
     assert "starting over" in capsys.readouterr().out
     assert (out / "notes.tmp").read_text() == "the user's own file" and len(pd.load_token_bytes(out)) == 300
