@@ -998,7 +998,7 @@ def resolve_config(args):
 
 # The state files come last: they are written first and removed last, so that none of the other names is ever
 # in a folder without meta.json or progress.json (a run killed at any point leaves a state that says what to redo;
-# an older prepare_data.py's interrupted runs could, see strays).
+# an older prepare_data.py's interrupted runs could, see _holds_ours).
 OUR_FILES = ("train_*.bin", "val_*.bin", "token_bytes.npy", "tokenizer.json", "progress.json", "meta.json")
 OUR_TEMPS = tuple(name + ".tmp" for name in OUR_FILES)  # atomic_write's names (removed as ours); other *.tmp stay
 
@@ -1017,7 +1017,10 @@ def _remove(out_dir, patterns):
 
 def _holds_ours(path):
     """Whether a file named as one of ours holds what this tool writes under that name: a whole token shard (our
-    header, and as many bytes as it counts), tokenizer.json's fields, a 1-D int32 token_bytes.npy (its header only)."""
+    header, and as many bytes as it counts), tokenizer.json's fields, a 1-D int32 token_bytes.npy (its header only).
+    In a folder without a state file, one that does not was not written by this tool: a fresh run would replace it,
+    and refuses to unless --force. Ones that do are an older prepare_data.py's interrupted run's (it wrote the
+    tokenizer files before its state file, and removed the state files first): a fresh run starts over."""
     name = os.path.basename(path)
     try:
         if name.endswith(".bin"):
@@ -1041,14 +1044,6 @@ def _holds_ours(path):
     except (OSError, ValueError, EOFError, RecursionError):  # unreadable, not JSON or not an .npy: not ours
         return False
     return False
-
-
-def strays(out_dir):
-    """The files in a folder without a state file that are named as this tool's own (OUR_FILES) but do not hold
-    what it writes there: a fresh run would replace them, and refuses to unless --force. (Ours there are an
-    older prepare_data.py's interrupted run's, which wrote the tokenizer files before its state file and
-    removed the state files first: a fresh run starts over.)"""
-    return [path for path in _matches(out_dir, OUR_FILES) if not _holds_ours(path)]
 
 
 START_OVER = "start over"  # load_state's answer for a folder whose files are to be removed once the source is found
@@ -1151,16 +1146,17 @@ def prepare(config, out_dir, force=False, held=None):
             held["lock"] = lock_folder(out_dir, True, busy)
     state = load_state(out_dir, config, force, readonly=reading)
     # our files are removed once the source is found (as --force's): unreadable tokenizer files, or our files
-    # without a state file (an older version's interrupted run's, see strays)
+    # without a state file (an older version's interrupted run's, see _holds_ours)
     start_over = state is START_OVER
     if start_over:
         state = None
     elif state is None and not (force or reading) and os.path.isdir(out_dir):
-        if found := strays(out_dir):
+        named = _matches(out_dir, OUR_FILES)
+        if found := [path for path in named if not _holds_ours(path)]:
             raise DataError(f"{found[0]} was not written by prepare_data.py ({out_dir} has no meta.json or "
                             f"progress.json) and a new preparation would replace it; move it, use another --out_dir, "
                             f"or pass --force")
-        if start_over := bool(_matches(out_dir, OUR_FILES)):
+        if start_over := bool(named):
             print(f"{out_dir}: files of an interrupted preparation without its state file; starting over")
     complete = (state is not None and state["val_done"] and state["train_done"]
                 and os.path.exists(os.path.join(out_dir, "meta.json")))
