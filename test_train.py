@@ -621,6 +621,18 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path, capsys, monkeypatch)
     assert error([*base, "--variant=bov", "--bov_layers=none"]) == (
         "--variant=bov has no target layers here (bov_layers='none' at n_layer=2), so it is standard attention under a "
         "value variant's name: train it as --variant=baseline")
+    # what a target layer computes is the variant's own: another grid cell is another variant (the nearest named)
+    assert error([*base, "--variant=bov", "--value_source=x0"]) == error([*base, "--variant=bov", "--value_source=x0", "--dry_run"]) == (
+        "--value_source=x0 would train another value variant under bov's name; it is --variant=t1_r09 (a variant's "
+        "target layers may move with --bov_layers)")
+    assert error([*base, "--variant=baseline", "--shared_table=true"]).startswith(
+        "--shared_table=True would train another value variant under baseline's name; it is --variant=bov_shared_table")
+    assert "--value_mix=add would train another value variant under bov's name; it is --variant=bov_keep_v" in error(
+        [*base, "--variant=bov", "--value_mix=add", "--bov_layers=1"])
+    assert error([*base, "--variant=bov", "--value_source=x0", "--bov_layers=every_other"]).endswith("it is --variant=t1_r07 "
+        "(a variant's target layers may move with --bov_layers)")
+    assert error([*base, "--variant=bov_keep_v", "--value_coeff=fixed"]).startswith(
+        "--value_coeff=fixed would train another value variant under bov_keep_v's name; add it to VARIANTS in model.py")
     assert error([*base, "--variant=svformer", "--n_layer=1"]).startswith(  # "all" from layer 1: none at one layer
         "--variant=svformer has no target layers here (bov_layers='all' at n_layer=1), so it is standard attention")
     assert "--device_batch_size must be positive" in error([*base, "--device_batch_size=0"])
@@ -1248,6 +1260,15 @@ def test_a_failed_save_or_damaged_data_is_one_line(data_dir, tmp_path, monkeypat
     np.memmap(damaged / train_shard, dtype=np.uint16, mode="r+", offset=24)[1::7] = 300
     with pytest.raises(train.DataError, match=r"the train data in .* holds token id 300, outside the model's vocabulary of 300"):
         train.main([*TINY, f"--data_dir={damaged}", f"--out_dir={tmp_path / 'run2'}", "--max_iters=2"])
+    # a cut tokenizer: refused before training, as sample.py and eval.py would refuse it (a checkpoint trained beside
+    # it would record its hash, and the mended tokenizer would then never read it)
+    shutil.rmtree(damaged)
+    shutil.copytree(data_dir, damaged)
+    tok = damaged / "tokenizer.json"
+    tok.write_bytes(tok.read_bytes()[:1000])
+    with pytest.raises(train.DataError, match=r"tokenizer\.json is unreadable \(.*\); re-run prepare_data\.py with --force"):
+        train.main([*TINY, f"--data_dir={damaged}", f"--out_dir={tmp_path / 'run3'}", "--max_iters=2"])
+    assert not (tmp_path / "run3").exists()
 
 
 # ---------------------------------------------------------------------------- epoch warnings, the logged loss, table_lr and weight decay

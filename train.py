@@ -709,7 +709,18 @@ def plan(s, model_overrides, world, log):
             raise ConfigError(f"vocab_size {model_config.vocab_size} is smaller than the data's vocabulary ({meta['vocab_size']})")
         if model_config.vocab_size > np.iinfo(np.dtype(meta["dtype"])).max + 1:
             raise ConfigError(f"vocab_size {model_config.vocab_size} is larger than the data's {meta['dtype']} ids can hold")
-    # a run's name (and out_dir) says whether it is standard attention: the settings must not contradict it
+    # a run's name (and out_dir) says which value variant it trains: the settings must not contradict it. Its target
+    # layers may move (--bov_layers), but what a target layer computes is the variant's own
+    grid = ("value_source", "value_mix", "value_coeff", "shared_table")
+    changed = [k for k in grid if k in model_overrides and getattr(model_config, k) != getattr(GPTConfig.preset(s["size"], s["variant"]), k)]
+    if changed:
+        wanted = {k: getattr(model_config, k) for k in grid}
+        named = sorted((v for v, fields in VARIANTS.items() if fields and all(fields.get(k, getattr(GPTConfig, k)) == wanted[k]
+                                                                         for k in grid)),  # those with these layers first
+                       key=lambda v: VARIANTS[v]["bov_layers"] != model_config.bov_layers)
+        raise ConfigError(f"{', '.join(f'--{k}={getattr(model_config, k)}' for k in changed)} would train another value "
+                          f"variant under {s['variant']}'s name" + (f"; it is --variant={named[0]}" if named else
+                          "; add it to VARIANTS in model.py") + " (a variant's target layers may move with --bov_layers)")
     standard, targets = not VARIANTS[s["variant"]], model_config.target_layers()  # standard: baseline, t1_r01
     if standard and targets:
         raise ConfigError(f"--variant={s['variant']} has no target layers; --bov_layers would train a value variant under "
@@ -790,6 +801,9 @@ def lock_data(s, meta):
                                                          f"wait for it to finish")  # and it waits for this run
     if load_meta(s["data_dir"]) != meta:  # plan() read it unlocked
         raise ConfigError(f"{s['data_dir']} was prepared again as this run started; start it again")
+    # read as sample.py and eval.py will: a checkpoint records the tokenizer's hash, so one trained beside a damaged
+    # tokenizer could never be read, nor resumed, once the tokenizer is mended
+    load_tokenizer(s["data_dir"])
     return tokenizer_sha256(s["data_dir"]), {k: meta[k] for k in DATA_COUNTS}
 
 
