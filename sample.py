@@ -119,11 +119,12 @@ def check_device(device):
         if torch.device(device).type == "meta":  # shapes without data: nothing can run there
             raise RuntimeError("the meta device holds no data")
         torch.zeros(1, device=device)
-    except (AssertionError, RuntimeError, NotImplementedError) as e:
+    except (AssertionError, RuntimeError, NotImplementedError, ImportError) as e:
         why = first_line(e, None)
         if why.startswith("Expected one of"):  # torch lists every device type it knows: too long for one line
             why = "not a device type torch knows (cpu, cuda, cuda:N, mps, ...)"
-        elif why.startswith("Could not run"):  # no kernels for the device: a build without its backend
+        elif why.startswith("Could not run") or isinstance(e, ImportError) or "INTERNAL ASSERT" in why:
+            # no kernels for the device, or no torch.hpu module to find them: a build without its backend
             why = f"this torch build has no {torch.device(device).type} backend"
         raise ValueError(f"--device {device} is not usable here: {why}") from None
 

@@ -825,6 +825,7 @@ def test_bench_bad_arguments_are_one_line_errors(capsys):
         bench.main(["--plot", "--plot_dir", os.path.join(HERE, "README.md", "plots")])
     assert e.value.code == 2 and "--plot_dir" in capsys.readouterr().err
     for device, why in (("nope", "not a device type torch knows"), ("xla", "this torch build has no xla backend"),
+                        ("hpu", "this torch build has no hpu backend"),  # torch imports torch.hpu: ModuleNotFoundError
                         ("meta", "the meta device holds no data")):
         with pytest.raises(SystemExit) as e:
             bench.main(["--device", device, "--threads", "1"])

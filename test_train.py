@@ -638,7 +638,8 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path, capsys, monkeypatch)
     assert "--device_batch_size must be positive" in error([*base, "--device_batch_size=0"])
     assert "--dtype must be one of" in error([*base, "--dtype=fp8"])
     assert "--compile must be one of" in error([*base, "--compile=maybe"])
-    assert "--device foo is not usable here: not a device type torch knows" in error([*base, "--device=foo"])
+    assert error([*base, "--device=foo"]) == error([*base, "--device=foo", "--dry_run"]) == (
+        "--device foo is not usable here: not a device type torch knows (cpu, cuda, cuda:N, mps, ...)")
     assert "less than one row of block_size=32" in error([*base, "--eval_tokens=10"])
     assert "less than one row of block_size=32" in error([*base, "--eval_tokens=10", "--dry_run"])  # the plan says it
     assert "= 4 x 32 x 1; e.g. --device_batch_size=3" in error([*base, "--total_batch_tokens=96"])
