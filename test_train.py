@@ -919,6 +919,22 @@ def test_a_closed_stdout_stops_the_run_in_one_line(data_dir, tmp_path):
     assert r.returncode == 0 and r.stderr == ""
 
 
+def test_help_and_a_dry_run_to_a_gone_reader_or_a_full_disk_are_one_line(data_dir):
+    """--help and the log to a pipe whose reader has left (`| head`), or to /dev/full: one line, naming stdout."""
+    r, w = os.pipe()
+    os.close(r)  # the reader left before a word was written
+    dry = [*TINY, f"--data_dir={data_dir}", "--dry_run"]
+    with open("/dev/full", "w") as full:
+        runs = [subprocess.Popen([sys.executable, "train.py", *args], cwd=HERE, stdout=out, stderr=subprocess.PIPE, text=True)
+                for out in (w, full) for args in (["--help"], dry)]
+    os.close(w)
+    gone_help, gone_dry, full_help, full_dry = [finish(p, timeout=120) for p in runs]
+    assert (gone_help.returncode, gone_help.stderr) == (0, "")  # quiet, as argparse's scripts
+    assert (gone_dry.returncode, gone_dry.stderr) == (1, "stopped: the reader of stdout left; a dry run writes nothing\n")
+    assert (full_help.returncode, full_help.stderr) == (1, "error: cannot write the help to stdout: No space left on device\n")
+    assert (full_dry.returncode, full_dry.stderr) == (1, "error: cannot write the log to stdout: No space left on device\n")
+
+
 @pytest.mark.parametrize("script", ["train.py", "sample.py", "eval.py", "bench.py", "model.py", "prepare_data.py"])
 def test_ctrl_c_while_torch_loads_is_not_a_traceback(script, tmp_path):
     """SIGINT once libtorch (numpy, for prepare_data.py) is mapped into the process, that is, inside its import."""

@@ -911,7 +911,8 @@ def run(argv):
     RUN["ckpt"] = os.path.join(s["out_dir"], CKPT)
     ddp, rank, _, world = ranks()  # (False, 0, _, 1) without torchrun; main() has put the rank in RUN
     master = rank == 0
-    log = print if master else (lambda *a, **k: None)
+    log = say if master else (lambda *a, **k: None)
+    RUN["dry_run"] = s["dry_run"]
 
     # the plan: printed, and all a dry run does
     meta, model_config, flops_per_token, iters, tokens, accum = plan(s, model_overrides, world, log)
@@ -1062,8 +1063,22 @@ def run(argv):
     return final
 
 
+def say(*args):
+    """print() for the run's log: a stdout that cannot take it (a full disk) stops the run naming stdout, not as if a
+    checkpoint had failed; a reader that left (BrokenPipeError) is __main__'s to report."""
+    try:
+        print(*args)
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        silence_stdout()  # Python's flush at exit would fail again
+        raise OSError(f"cannot write the log to stdout: {e.strerror or e}") from None
+
+
 def stopped_note():
     """What a stopped run leaves, for its last line."""
+    if RUN.get("dry_run"):
+        return "a dry run writes nothing"
     if RUN["ckpt"] and os.path.exists(RUN["ckpt"]):
         return f"{RUN['ckpt']}, from the last evaluation, continues with --resume"
     if "eval_interval" not in RUN:  # stopped before the plan knew the iterations
@@ -1111,7 +1126,11 @@ if __name__ == "__main__":
     for sig in STOP_SIGNALS:  # loaded: Ctrl-C (and SIGTERM) stop the run through main()'s cleanup, in one line
         signal.signal(sig, stop_signal)
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
-        print(usage())
+        try:
+            print(usage(), flush=True)
+        except OSError as e:  # `--help | head` (the reader left: quiet, as argparse's scripts), or a full disk
+            silence_stdout()
+            sys.exit(0 if isinstance(e, BrokenPipeError) else f"error: cannot write the help to stdout: {e.strerror or e}")
         sys.exit(0)
     if sys.stdout is not None:  # None when started with stdout closed (`>&-`): print() then writes nothing
         sys.stdout.reconfigure(line_buffering=True)  # `python train.py | tee log` shows each line as it is logged
