@@ -32,6 +32,7 @@ always come from the whole task, so an item's prompt is the same in a subset as 
 
 import csv
 import difflib
+import json
 import os
 import random
 import shutil
@@ -446,6 +447,16 @@ def format_table(result):
     return "\n".join(lines)
 
 
+def results_file(path):
+    """Whether path holds what main() writes (a JSON object with the CORE score, its tasks and its checkpoint)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            r = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(r, dict) and {"core", "tasks", "ckpt"} <= r.keys()
+
+
 def main(argv=None):
     p = ArgumentParser(description="Evaluate a checkpoint on CORE (21 DCLM tasks); writes "
                        "core_eval.json beside it (core_eval_partial.json for --tasks or --max_per_task, so a "
@@ -468,20 +479,22 @@ def main(argv=None):
         p.error("--batch_size must be at least 1")
     if args.max_per_task is not None and args.max_per_task < 1:
         p.error(f"--max_per_task must be at least 1, got {args.max_per_task}")
-    args.ckpt = checkpoint_file(args.ckpt)  # a run's folder: its ckpt.pt
-    if not os.path.isfile(args.ckpt):  # before the bundle, which may be a download
-        sys.exit(f"eval.py: error: {no_checkpoint(args.ckpt)}")
-    problem = unreadable_checkpoint(args.ckpt, crc=False)  # a truncated copy, before the bundle too (the CRCs: at the load)
-    if problem:
-        sys.exit(f"eval.py: error: {problem}")
-    partial = args.tasks is not None or args.max_per_task is not None
-    if args.out is not None and (not args.out or (os.path.exists(args.out) and os.path.samefile(args.out, args.ckpt))):
-        p.error(f"--out {args.out!r} is " + ("empty" if not args.out else "the checkpoint itself") + "; name a results file")
-    out = os.path.abspath(args.out) if args.out else \
-        os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "core_eval_partial.json" if partial else "core_eval.json")
-    if os.path.isdir(out) or not os.path.isdir(os.path.dirname(out)) or not os.access(os.path.dirname(out), os.W_OK):
-        p.error(f"cannot write the results to {out}" + ("" if args.out else "; choose another file with --out"))  # before the evaluation
-    try:
+    try:  # Ctrl-C in the checks too (a checkpoint's CRCs take seconds at 780M): one line
+        args.ckpt = checkpoint_file(args.ckpt)  # a run's folder: its ckpt.pt
+        if not os.path.isfile(args.ckpt):  # before the bundle, which may be a download
+            sys.exit(f"eval.py: error: {no_checkpoint(args.ckpt)}")
+        problem = unreadable_checkpoint(args.ckpt, crc=False)  # a truncated copy, before the bundle too (the CRCs: at the load)
+        if problem:
+            sys.exit(f"eval.py: error: {problem}")
+        partial = args.tasks is not None or args.max_per_task is not None
+        if args.out is not None and (not args.out or (os.path.exists(args.out) and os.path.samefile(args.out, args.ckpt))):
+            p.error(f"--out {args.out!r} is " + ("empty" if not args.out else "the checkpoint itself") + "; name a results file")
+        out = os.path.abspath(args.out) if args.out else \
+            os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "core_eval_partial.json" if partial else "core_eval.json")
+        if os.path.isdir(out) or not os.path.isdir(os.path.dirname(out)) or not os.access(os.path.dirname(out), os.W_OK):
+            p.error(f"cannot write the results to {out}" + ("" if args.out else "; choose another file with --out"))  # before the evaluation
+        if args.out and os.path.isfile(out) and not results_file(out):  # a metrics log, a tokenizer: never overwritten
+            p.error(f"--out {args.out} exists and holds no eval.py results; remove it or name another file")
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks is not None else None
         check_tasks(tasks)
         check_device(args.device)

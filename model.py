@@ -19,7 +19,6 @@ Run `python model.py` to list the presets with their parameters and FLOPs.
 """
 
 import errno
-import glob
 import lzma
 import math
 import os
@@ -961,14 +960,41 @@ def damaged_checkpoint(path, why):
     return f"cannot read checkpoint {path}: not a checkpoint train.py wrote, or damaged ({why})"
 
 
+def checkpoints_below(folder, depth=3, most=5, folders=1000):
+    """Up to `most` ckpt.pt files in folder or at most `depth` folders below it, sorted, and whether the search saw
+    every such folder: bounded (an error message must not walk a whole disk), and never through a symlinked folder
+    (no loops). At most `folders` folders are opened, hidden ones skipped, breadth first."""
+    found, level, opened = [], [folder], 0
+    for _ in range(depth + 1):
+        below = []
+        for d in level:
+            if opened == folders:
+                return sorted(found), False
+            opened += 1
+            try:
+                with os.scandir(d) as entries:
+                    for e in entries:
+                        if e.name == "ckpt.pt" and e.is_file():
+                            found.append(e.path)
+                        elif e.is_dir(follow_symlinks=False) and not e.name.startswith("."):
+                            below.append(e.path)
+            except OSError:  # unreadable: not searched
+                continue
+            if len(found) >= most:
+                return sorted(found), False
+        level = sorted(below)
+    return sorted(found), not level
+
+
 def no_checkpoint(path):
     """Why there is no checkpoint file at path, in one line: a folder (naming the checkpoints below it),
     or nothing there (naming the train.py command that writes it, for a path of train.py's out/SIZE_VARIANT)."""
     if os.path.isdir(path):
-        found = sorted(glob.glob(os.path.join(glob.escape(path), "**", "ckpt.pt"), recursive=True))
+        found, whole = checkpoints_below(path)
         if found:
             return f"{path} is a folder without ckpt.pt; checkpoints below it: {', '.join(found[:4])}{', ...' * (len(found) > 4)}"
-        return f"{path} is a folder with no checkpoint (ckpt.pt) in or below it; `python train.py` writes one"
+        where = "in or below it" if whole else "in it or in the first folders below it (a bounded search)"
+        return f"{path} is a folder with no checkpoint (ckpt.pt) {where}; `python train.py` writes one"
     parts = os.path.normpath(path).split(os.sep)
     if len(parts) >= 3 and parts[-3] == "out" and parts[-1] == "ckpt.pt":  # train.py's default --out_dir
         size = next((s for s in SIZES if parts[-2].startswith(s + "_") and parts[-2][len(s) + 1:] in VARIANTS), None)

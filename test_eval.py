@@ -630,11 +630,13 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
 
     def ctrl_c(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(ev, "evaluate_core", ctrl_c)
-    with pytest.raises(SystemExit) as e:
-        ev.main(["--ckpt", str(ckpt), "--device", "cpu", "--bundle", str(bundle)])
-    assert e.value.code == 130 and capsys.readouterr().err.splitlines() == ["eval.py: interrupted"]
-    assert os.listdir(ckpt.parent) == ["ckpt.pt"]  # no results file
+    for where in ("evaluate_core", "unreadable_checkpoint", "no_checkpoint"):  # in the evaluation, or in the first checks
+        monkeypatch.setattr(ev, where, ctrl_c)
+        with pytest.raises(SystemExit) as e:
+            ev.main(["--ckpt", str(ckpt if where != "no_checkpoint" else tmp_path / "none.pt"), "--device", "cpu",
+                     "--bundle", str(bundle)])
+        assert e.value.code == 130 and capsys.readouterr().err.splitlines() == ["eval.py: interrupted"]
+        assert os.listdir(ckpt.parent) == ["ckpt.pt"]  # no results file
 
 
 def test_a_run_folder_is_read_as_its_ckpt_pt(tmp_path, monkeypatch):
@@ -798,6 +800,16 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
     elsewhere = tmp_path / "results.json"  # --out: for a checkpoint in a folder that cannot be written
     ev.main(["--ckpt", str(ckpt), "--bundle", bundle, "--tasks", "copa", "--max_per_task", "2", "--out", str(elsewhere)])
     assert list(json.loads(elsewhere.read_text())["tasks"]) == ["copa"] and sorted(os.listdir(tmp_path / "run")) == ["ckpt.pt", "core_eval.json"]
+    ev.main(["--ckpt", str(ckpt), "--bundle", bundle, "--tasks", "piqa", "--max_per_task", "2", "--out", str(elsewhere)])
+    assert list(json.loads(elsewhere.read_text())["tasks"]) == ["piqa"]  # a results file is replaced
+    log = tmp_path / "metrics.jsonl"  # any other file is not: a run's log, a tokenizer, a results file's look-alike
+    for text in ('{"type": "eval", "step": 2}\n', '{"core": 0.1, "tasks": {}}', "not json"):
+        log.write_text(text)
+        with pytest.raises(SystemExit):
+            ev.main(["--ckpt", str(ckpt), "--bundle", bundle, "--tasks", "copa", "--out", str(log)])
+        assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: --out {log} exists and holds no eval.py results; "
+                                                                 "remove it or name another file")
+        assert log.read_text() == text
     with pytest.raises(SystemExit):
         ev.main(["--ckpt", str(ckpt), "--bundle", bundle, "--out", str(tmp_path / "nowhere" / "r.json")])
     assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: cannot write the results to {tmp_path / 'nowhere' / 'r.json'}")

@@ -946,6 +946,23 @@ def test_checkpoint_round_trip(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match=f"^{tmp_path} is a folder without ckpt.pt; checkpoints below it: "
                                                 f"{tmp_path / 'out' / 'cpu_x' / 'ckpt.pt'}$"):
         GPT.from_checkpoint(str(tmp_path))
+    # the search is bounded and never loops: symlinks back up the tree, a checkpoint 4 folders down, many folders
+    os.symlink(tmp_path, tmp_path / "out" / "up")
+    os.symlink(tmp_path / "out", tmp_path / "out" / "cpu_x" / "self")
+    assert model_module.checkpoints_below(str(tmp_path)) == ([str(tmp_path / "out" / "cpu_x" / "ckpt.pt")], True)
+    deep = tmp_path / "d" / "1" / "2" / "3"
+    deep.mkdir(parents=True)
+    (deep / "ckpt.pt").write_bytes(b"")
+    assert model_module.checkpoints_below(str(tmp_path / "d"), depth=3) == ([str(deep / "ckpt.pt")], True)
+    assert model_module.checkpoints_below(str(tmp_path / "d"), depth=2) == ([], False)
+    for i in range(5):
+        (tmp_path / "many" / str(i)).mkdir(parents=True)
+    assert model_module.checkpoints_below(str(tmp_path / "many"), folders=6) == ([], True)
+    assert model_module.checkpoints_below(str(tmp_path / "many"), folders=5) == ([], False)
+    with pytest.raises(FileNotFoundError, match=f"^{tmp_path / 'd'} is a folder with no checkpoint \\(ckpt.pt\\) in it or in "
+                                                f"the first folders below it \\(a bounded search\\); `python train.py` writes one$"):
+        monkeypatch.setattr(model_module, "checkpoints_below", lambda f: ([], False))
+        GPT.from_checkpoint(str(tmp_path / "d"))
     missing = tmp_path / "out" / "cpu_baseline" / "ckpt.pt"  # train.py's own out_dir: the command that writes it
     with pytest.raises(FileNotFoundError, match=f"^no checkpoint at {missing}; `python train.py --size=cpu --variant=baseline` "
                                                 f"writes one$"):
