@@ -345,6 +345,9 @@ def score(model, rows, batch_size, device, pad_id, dtype=torch.float32, bar=None
         with autocast(device, dtype):
             logits, _ = model(idx)
         logits = logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32, fp64 stays
+        if not torch.isfinite(logits).all():  # every score would be wrong, and the accuracy with it, silently
+            raise EvalError(f"the model's logits are not finite (NaN or inf) under {str(dtype).removeprefix('torch.')}"
+                            + ("; float16's range is 65504: evaluate with --dtype bfloat16 or float32" if dtype == torch.float16 else ""))
         targets = idx[:, 1:]
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none").view_as(targets)
         summed = (loss * scored).sum(1)

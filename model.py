@@ -835,6 +835,9 @@ class GPT(nn.Module):
                 logits, _ = self(prompt, cache=cache, last_only=True)
             else:  # the last token itself, not a view into seq: under torch.compile a view's offset is one more symbol
                 logits, _ = self(nxt, cache=cache)
+            if not torch.isfinite(logits[:, -1]).all():  # NaN would sample nothing, or argmax token 0, silently
+                raise FloatingPointError(f"the model's logits are not finite (NaN or inf) at new token {step + 1}, "
+                                         f"computed in {logits.dtype}")
             nxt = self.sample_next(logits[:, -1, :], temperature, top_k, generator)
             seq = torch.cat([seq, nxt], dim=1)
             yield nxt

@@ -286,6 +286,10 @@ def main(argv=None):
     except OSError as e:  # the reader left (`python sample.py | head`: stop quietly, like cat), or a full disk
         silence_stdout()
         sys.exit(1 if isinstance(e, BrokenPipeError) else f"sample.py: error: cannot write the text: {e.strerror or e}")
+    except FloatingPointError as e:  # GPT.stream: logits NaN or inf (float16 overflows, or a diverged checkpoint)
+        sys.stdout.write("\n")
+        sys.exit(f"sample.py: error: {e}" + ("; float16's range is 65504: sample with --dtype bfloat16 or float32"
+                                             if dtype == torch.float16 else ""))
     except Exception as e:
         if args.compile and compile_failed(e):
             sys.exit(f"sample.py: error: torch.compile failed ({first_line(e)}); run without --compile")

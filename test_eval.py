@@ -970,6 +970,22 @@ def test_half_precision_logits_are_scored_in_float32():
     assert losses == pytest.approx([BAD, 2 * GOOD], rel=1e-6) and right == [False, True]  # after the shared "q a": "z", "bc"
 
 
+def test_logits_that_are_not_finite_are_refused_not_scored():
+    """NaN logits (float16 past its range, a diverged model) would score every choice wrong, and the accuracy with
+    them, without a word: refused, naming the dtype, with float16's remedy."""
+    class Overflow(RuleModel):
+        def forward(self, idx):
+            logits, _ = super().forward(idx)
+            return logits.masked_fill(idx.unsqueeze(-1) == ord("b"), float("inf")), None
+    task = ev.TASKS["copa"]
+    rows = ev.encode(task, ev.render(task, {"query": "q", "choices": ["az", "abc"], "gold": 0}, []), CharTokenizer(), 99)
+    with pytest.raises(ev.EvalError, match=r"^the model's logits are not finite \(NaN or inf\) under float32$"):
+        ev.score(Overflow(), rows, 2, "cpu", 0)
+    with pytest.raises(ev.EvalError, match=r"under float16; float16's range is 65504: evaluate with --dtype bfloat16 or float32$"):
+        ev.score(Overflow(), rows, 2, "cpu", 0, dtype=torch.float16)
+    assert ev.score(RuleModel(), rows, 2, "cpu", 0, dtype=torch.float16)[1] == [False, True]  # finite: scored
+
+
 def test_meta_data_labels_are_trimmed_and_a_missing_column_is_one_line(tmp_path):
     """Mutants (load_baselines): labels not stripped (" copa " then has no baseline); a negative baseline
     accepted; a KeyError for a missing column escapes as a traceback instead of an EvalError."""

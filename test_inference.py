@@ -332,6 +332,23 @@ def test_compile_gives_the_eager_text_and_says_the_rates_include_compiling(tiny,
     assert re.search(r"decode 11 tokens at [\d.,]+ tok/s \(both include compiling\)$", err.strip())
 
 
+def test_logits_that_are_not_finite_stop_sampling_in_one_line(tiny, tmp_path, capsys):
+    """A checkpoint whose logits are NaN (diverged, or float16 past its range): one line, never NUL bytes from the
+    argmax of NaN (greedy) nor multinomial's traceback (sampling)."""
+    _, tok, model = tiny
+    ckpt = torch.load(tiny[0], weights_only=True)
+    ckpt["model"]["lm_head.weight"][5, 0] = float("nan")
+    torch.save(ckpt, tmp_path / "nan.pt")
+    for dtype, hint in (("float32", ""), ("float16", "; float16's range is 65504: sample with --dtype bfloat16 or float32")):
+        for temperature in ("0", "1"):
+            with pytest.raises(SystemExit) as e:
+                run_sample(capsys, "--ckpt", tmp_path / "nan.pt", "--max_new_tokens", "3", "--temperature", temperature,
+                           "--dtype", dtype)
+            assert e.value.code == (f"sample.py: error: the model's logits are not finite (NaN or inf) at new token 1, "
+                                    f"computed in torch.float32{hint}")  # (the soft-capped logits are float32)
+            assert "\x00" not in capsys.readouterr().out
+
+
 def test_a_failed_compile_is_one_line(tiny, monkeypatch):
     """--compile that fails at the first step (as with no working C++ compiler: test_train.py runs that for real)."""
     path, _, _ = tiny
