@@ -531,4 +531,6 @@ def main(argv=None):
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SystemExit: finally blocks (the download's cleanup) run
+    if sys.stdout is not None:  # a stdout that cannot encode a character (PYTHONIOENCODING=ascii) shows it escaped
+        sys.stdout.reconfigure(errors="backslashreplace")
     main()

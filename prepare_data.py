@@ -1312,5 +1312,6 @@ def main(argv=None):
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
     if sys.stdout is not None:  # None when started with stdout closed (`>&-`): print() then writes nothing
-        sys.stdout.reconfigure(line_buffering=True)  # `| tee log` shows each line as it is printed
+        sys.stdout.reconfigure(line_buffering=True, errors="backslashreplace")  # `| tee log` shows each line as it is
+        # printed; a character the stdout cannot encode (PYTHONIOENCODING=ascii) is shown escaped
     main()

@@ -314,4 +314,6 @@ def main(argv=None):
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
+    if sys.stdout is not None:  # a stdout that cannot encode a character (PYTHONIOENCODING=ascii) shows it escaped
+        sys.stdout.reconfigure(errors="backslashreplace")
     main()

@@ -316,6 +316,21 @@ def test_a_closed_pipe_stops_sampling_quietly(tiny):
     assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err
 
 
+def test_a_stdout_that_cannot_encode_the_text_shows_it_escaped(tiny, tmp_path):
+    """PYTHONIOENCODING=ascii (or a C locale's terminal): the prompt's é is written as \\xe9, not a traceback; the
+    same for train.py's log (a path in it)."""
+    path, _, _ = tiny
+    env = dict(os.environ, PYTHONIOENCODING="ascii")
+    runs = [subprocess.Popen([sys.executable, script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=HERE,
+                             env=env, text=True, encoding="utf-8")
+            for script, args in (("sample.py", ["--ckpt", path, "--start", "épée", "--max_new_tokens", "2", "--temperature", "0"]),
+                                 ("train.py", ["--dry_run", f"--data_dir={tmp_path / 'é'}"]))]
+    (s_out, s_err), (t_out, t_err) = [p.communicate(timeout=120) for p in runs]
+    assert [p.returncode for p in runs] == [0, 0], s_err + t_err
+    assert s_out.startswith("\\xe9p\\xe9e") and "Traceback" not in s_err
+    assert f"note: {tmp_path}/\\xe9 is not prepared yet" in t_out and "Traceback" not in t_err
+
+
 def test_compile_gives_the_eager_text_and_says_the_rates_include_compiling(tiny, monkeypatch, capsys):
     """--compile end to end, through dynamo only (inductor's C++ build would take minutes here)."""
     from torch._dynamo.utils import counters

@@ -1133,7 +1133,9 @@ if __name__ == "__main__":
             sys.exit(0 if isinstance(e, BrokenPipeError) else f"error: cannot write the help to stdout: {e.strerror or e}")
         sys.exit(0)
     if sys.stdout is not None:  # None when started with stdout closed (`>&-`): print() then writes nothing
-        sys.stdout.reconfigure(line_buffering=True)  # `python train.py | tee log` shows each line as it is logged
+        # `python train.py | tee log` shows each line as it is logged; a character the stdout cannot encode
+        # (PYTHONIOENCODING=ascii) is shown escaped
+        sys.stdout.reconfigure(line_buffering=True, errors="backslashreplace")
     try:
         main(sys.argv[1:])
     except KeyboardInterrupt:
