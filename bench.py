@@ -400,7 +400,9 @@ def cache_allocated(benches, context):
 # plots
 
 def pyplot():
-    """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
+    """matplotlib.pyplot on the file-only Agg backend (no display needed). A $MPLBACKEND is dropped first: the PNGs
+    are Agg's, and a backend matplotlib cannot find (Jupyter's matplotlib_inline, outside the notebook) fails its import."""
+    os.environ.pop("MPLBACKEND", None)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -819,7 +821,7 @@ def main(argv=None):
         interrupted()
     except Exception as e:
         if out_of_memory(e):
-            sys.exit(f"bench.py: error: out of memory ({first_line(e)}); lower --decode_batch, --batch or the largest of --contexts")
+            sys.exit(f"bench.py: error: out of memory ({first_line(e)}); lower --decode_batch, --batch, the largest of --contexts, or the model (--size, --config)")
         if args.compile and compile_failed(e):
             sys.exit(f"bench.py: error: torch.compile failed ({first_line(e)}); run without --compile")
         if not isinstance(e, (BenchError, ValueError, OSError)):

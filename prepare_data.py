@@ -1280,7 +1280,10 @@ documents only. Rerunning with the same arguments resumes an interrupted run or 
     p.add_argument("--shard_tokens", type=_count, default=100_000_000, help="tokens per shard (default 1e8)")
     p.add_argument("--force", action="store_true", help=f"prepare out_dir from scratch, replacing the files this "
                                                          f"tool writes there ({', '.join(OUR_FILES)}); other files stay")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.out_dir == "":  # as train.py's --data_dir: an empty name is a mistake, not the default folder
+        p.error("--out_dir is empty; leave it out for the default folder, or name one")
+    return args
 
 
 def main(argv=None):

@@ -548,6 +548,11 @@ def test_gpt2_tokenizer_offline(tmp_path, monkeypatch):
     assert not (tmp_path / "g").exists()
 
 
+def test_an_empty_out_dir_is_refused_not_read_as_the_default(capsys):
+    assert prep("--out_dir", "") == 2 and capsys.readouterr().err.splitlines()[-1].endswith(
+        ": error: --out_dir is empty; leave it out for the default folder, or name one")
+
+
 def test_bad_input_is_one_line(tmp_path, monkeypatch):
     assert "unknown --source" in prep("--source", "nope", "--out_dir", tmp_path / "a")
     for spec in ("hf", "files", "shakespeare:x", "climbmix:en"):  # were read as files: globs ('', 'peare:x', 'ix:en')

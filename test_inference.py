@@ -618,6 +618,15 @@ def test_bench_plot_without_matplotlib_is_refused_before_the_run(tmp_path, monke
     assert not (tmp_path / "plots").exists()
 
 
+def test_a_notebooks_mplbackend_does_not_stop_the_plots():
+    """$MPLBACKEND as a Jupyter kernel exports it, outside the notebook: matplotlib's import refuses it; the PNGs are
+    Agg's anyway."""
+    env = dict(os.environ, MPLBACKEND="module://matplotlib_inline.backend_inline")
+    r = subprocess.run([sys.executable, "-c", "import bench; print(bench.pyplot().get_backend())"], cwd=HERE, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout.strip().lower()) == (0, "agg"), r.stderr
+
+
 def test_fig5a_draws_eq6_over_the_kv_cache_solid_and_over_the_v_cache_dashed(tmp_path, monkeypatch):
     """Solid: eq. 6 as a share of the K+V cache, 100 (n_bov / 2L)(1 - |V|/T), saturating at the paper's
     16.7 %; dashed: twice that, the share of the V cache (BoV's int32 id per token moves both by under 0.01
@@ -849,7 +858,7 @@ def test_bench_bad_arguments_are_one_line_errors(capsys):
     with pytest.raises(SystemExit) as e:  # 2^40 prompts: more than any address space
         bench.main(["--quick", "--config", TINY, "--contexts", "16", "--decode_batch", str(2 ** 40), "--threads", "1"])
     assert e.value.code.startswith("bench.py: error: out of memory (") and e.value.code.endswith(
-        "lower --decode_batch, --batch or the largest of --contexts") and "\n" not in e.value.code
+        "lower --decode_batch, --batch, the largest of --contexts, or the model (--size, --config)") and "\n" not in e.value.code
     with pytest.raises(SystemExit) as e:
         bench.main(["--contexts", ","])
     assert e.value.code == 2 and "--contexts needs at least one decode context" in capsys.readouterr().err
