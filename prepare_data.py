@@ -1138,6 +1138,11 @@ def prepare(config, out_dir, force=False, held=None):
                 raise
             held["lock"] = lock_folder(out_dir, False, busy)  # shared, as a reader's; refused if a writer holds it
             reading = True
+    # a folder this run cannot write (a read-only mount) is refused before the work that would end at its first write
+    # (a download, a tokenizer trained), and only when there is work: a finished folder is still read
+    unwritable = f"--out_dir {out_dir} is not writable"
+    if force and os.path.isdir(out_dir) and not os.access(out_dir, os.W_OK):
+        raise DataError(unwritable)
     source = tok = None
     if force:  # --force deletes nothing before the new source is found and its tokenizer made
         source = new_source()
@@ -1176,6 +1181,8 @@ def prepare(config, out_dir, force=False, held=None):
         return state
     if reading:  # there is work to do, under a reader
         raise DataError(busy)
+    if os.path.isdir(out_dir) and not os.access(out_dir, os.W_OK):
+        raise DataError(unwritable)
     source = source or new_source()
     # (a folder begun before the file list was recorded has no "files", and is not checked)
     if state is not None and state.get("files", source.fingerprint) != source.fingerprint:

@@ -647,6 +647,21 @@ def test_force_deletes_nothing_when_the_new_source_is_bad(tmp_path):
     (tmp_path / "a_file").write_text("")
     assert prep("--source", "files:" + pattern, "--vocab_size", 200000, "--force", "--out_dir", tmp_path / "a_file") == \
         f"prepare_data.py: error: --out_dir {tmp_path / 'a_file'} is a file, not a folder"
+    # a folder that cannot be written (a read-only mount; root may write anywhere else, so os.access stands in): refused
+    # before the tokenizer trains, when there is work; a finished folder is still read
+    real_access = pd.os.access
+    pd.os.access = lambda path, mode: mode != os.W_OK and real_access(path, mode)
+    trained = []
+    real_train, pd.train_bpe_json = pd.train_bpe_json, lambda *a: trained.append(1)
+    try:
+        (tmp_path / "empty").mkdir()
+        for folder, args in ((out, ["--force"]), (tmp_path / "empty", [])):  # --force; a folder to prepare
+            assert prep("--source", "files:" + pattern, "--vocab_size", 300, "--val_tokens", 500, "--out_dir", folder, *args) \
+                == f"prepare_data.py: error: --out_dir {folder} is not writable"
+        assert trained == [] and snapshot(out) == before
+        assert prep("--source", "files:" + pattern, "--vocab_size", 300, "--val_tokens", 500, "--out_dir", out) is None
+    finally:
+        pd.os.access, pd.train_bpe_json = real_access, real_train
     # a state whose shard list is damaged: a rerun says so in one line
     meta = json.loads((out / "meta.json").read_text())
     (out / "meta.json").write_text(json.dumps(dict(meta, train_shards=[5])))
