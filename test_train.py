@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -432,7 +433,8 @@ def test_two_gloo_ranks_match_one_process(data_dir, tmp_path, capsys):
     """Two ranks train as one process does; with --core_eval, rank 0 evaluates CORE once the ranks have left together."""
     from test_eval import fixture_items, write_bundle
     bundle = write_bundle(tmp_path / "b", {label: fixture_items(label, 3) for label in ev.TASKS})
-    args = [*TINY, f"--data_dir={data_dir}", "--max_iters=6", "--eval_interval=3", "--total_batch_tokens=256"]
+    # 2 accumulation steps on each rank: the gradients are synced after the last micro-batch only (mutant: the first)
+    args = [*TINY, f"--data_dir={data_dir}", "--max_iters=6", "--eval_interval=3", "--total_batch_tokens=512"]
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     # its own process group, so that a hung rank can be killed with torchrun; started first, so that its
     # three torch imports overlap the one-process run here
@@ -446,7 +448,7 @@ def test_two_gloo_ranks_match_one_process(data_dir, tmp_path, capsys):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         raise
-    assert "4 x 32 tokens x 2 accumulation x 1 ranks" in capsys.readouterr().out
+    assert "4 x 32 tokens x 4 accumulation x 1 ranks" in capsys.readouterr().out
     try:
         stdout, stderr = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -454,7 +456,7 @@ def test_two_gloo_ranks_match_one_process(data_dir, tmp_path, capsys):
         proc.communicate()
         pytest.fail("torchrun with 2 gloo ranks did not finish in 120 s")
     assert proc.returncode == 0, stderr[-2000:]
-    assert "4 x 32 tokens x 1 accumulation x 2 ranks" in stdout
+    assert "4 x 32 tokens x 2 accumulation x 2 ranks" in stdout
     l1, l2 = [r["loss"] for r in records(one, "train")], [r["loss"] for r in records(two, "train")]
     assert len(l1) == len(l2) == 6
     np.testing.assert_allclose(l1, l2, rtol=1e-5)
@@ -561,6 +563,8 @@ def test_mfu_divides_by_the_gpus_own_dense_bf16_peak():
                        ("NVIDIA H200", 989e12), ("NVIDIA H200 NVL", 835e12), ("NVIDIA A100-SXM4-80GB", 312e12),
                        ("NVIDIA GeForce RTX 4090", None)):
         assert train.peak_flops(name) == peak, name
+    # 8 H100s at 524,288 tokens/s of a 759.7 MFLOPs/token model: 398 TFLOP/s in all, 5.0% of 8 x 989 TFLOP/s
+    assert round(train.mfu(759_693_312, 524_288, 989e12, 8), 3) == 5.034
 
 
 def test_dtype_sets_the_autocast_of_training(data_dir):
@@ -1569,3 +1573,131 @@ def test_the_plan_checks_the_vocabulary_and_the_batch_split_exactly(data_dir, ca
     with pytest.raises(train.ConfigError, match=r"^total_batch_tokens 128 is not a multiple of device_batch_size x "
                                                 r"block_size x ranks = 4 x 32 x 2; e.g. --device_batch_size=2$"):
         train.plan(s, overrides, 2, lambda *a: None)
+
+
+# ---------------------------------------------------------------------------- from a mutation audit (each kills a mutant that survived)
+
+def test_settings_limits_and_spellings(tmp_path):
+    s, _ = train.resolve_settings(["--warmdown_frac=0", "--final_lr_frac=0"])  # A01: 0 keeps the peak to the end
+    assert (s["warmdown_frac"], s["final_lr_frac"]) == (0.0, 0.0)
+    for key in ("matrix_lr", "unembedding_lr", "scalar_lr", "table_lr"):  # A02
+        with pytest.raises(train.ConfigError, match=f"^--{key} must not be negative, got -0.1$"):
+            train.resolve_settings([f"--{key}=-0.1"])
+    with pytest.raises(train.ConfigError, match=r"^--total_batch_tokens must be positive, got 0$"):  # A03
+        train.resolve_settings(["--total_batch_tokens=0"])
+    assert train.resolve_settings(["--compile"])[0]["compile"] == "true"  # A04
+    for text, value in (("0", "false"), ("no", "false"), ("off", "false"), ("1", "true"), ("on", "true")):  # A06
+        assert train.resolve_settings([f"--compile={text}"])[0]["compile"] == value, text
+    c = tmp_path / "c.py"  # A05: a whole number for a float setting
+    c.write_text("warmdown_frac = 1\nmatrix_lr = 0\n")
+    s, _ = train.resolve_settings([str(c)])
+    assert (s["warmdown_frac"], s["matrix_lr"]) == (1.0, 0.0) and type(s["warmdown_frac"]) is float
+
+
+def test_seed_sets_the_data_order_and_the_init(data_dir, tmp_path):
+    shards, bos = load_tokens(data_dir, "train"), load_meta(data_dir)["bos_id"]
+    a, b = (train.Batches(shards, bos, 32, seed) for seed in (3, 4))
+    assert not np.array_equal(a.next_rows(4), b.next_rows(4))  # B02
+    losses = []
+    for seed in (3, 4):
+        out = str(tmp_path / str(seed))
+        train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=1", f"--seed={seed}"])
+        losses.append(records(out, "eval")[0]["val_loss"])  # step 0: the init alone
+    assert losses[0] != losses[1]  # B22
+
+
+def test_resume_with_another_target_tokens_is_refused(data_dir, tmp_path):  # B06
+    base = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}"]
+    train.main([*base, "--target_tokens=256", "--eval_interval=1"])
+    with pytest.raises(train.ConfigError, match=re.escape("target_tokens=256 there, 512 here")):
+        train.main([*base, "--target_tokens=512", "--eval_interval=1", "--resume"])
+
+
+def test_metrics_file_is_replaced_whole(tmp_path):  # B18
+    p = str(tmp_path / "metrics.jsonl")
+    train.write_jsonl(p, [{"type": "eval", "step": 0}])
+    with pytest.raises(TypeError):
+        train.write_jsonl(p, [{"type": "eval", "step": 2}, {"type": "eval", "step": 4, "x": object()}])
+    assert open(p).read() == '{"type": "eval", "step": 0}\n' and os.listdir(tmp_path) == ["metrics.jsonl"]
+
+
+def test_a_damaged_val_shard_is_one_line(data_dir, tmp_path):  # B19
+    damaged = tmp_path / "data"
+    shutil.copytree(data_dir, damaged)
+    shard = next(f for f in sorted(os.listdir(damaged)) if f.startswith("val_"))
+    np.memmap(damaged / shard, dtype=np.uint16, mode="r+", offset=24)[1::7] = 300
+    with pytest.raises(train.DataError, match=r"the validation data in .* holds token id 300"):
+        train.main([*TINY, f"--data_dir={damaged}", f"--out_dir={tmp_path / 'run'}", "--max_iters=2"])
+
+
+def test_exactly_one_epoch_is_not_warned(data_dir):  # B20
+    meta = load_meta(data_dir)
+    s, _ = train.resolve_settings([*TINY, f"--data_dir={data_dir}", "--max_iters=1"])
+    cfg = GPTConfig.preset("cpu", "bov", n_layer=2, n_embd=32, n_head=2, block_size=32, vocab_size=meta["vocab_size"])
+    lines = []
+    loader, _, _ = train.load_data(s, meta, cfg, 0, lines.append)
+    epoch = loader.rows_per_epoch() * 32
+    train.load_data(s, meta, cfg, epoch, lines.append)
+    assert not any("WARNING" in l for l in lines)
+    train.load_data(s, meta, cfg, epoch + 32, lines.append)
+    assert "WARNING: this run reads" in lines[-1]
+
+
+def test_plan_boundaries(data_dir, capsys):
+    dry = [*TINY, f"--data_dir={data_dir}", "--dry_run"]
+    train.main([*dry, "--max_iters=2", "--eval_tokens=32"])  # B21: one row of block_size=32 is enough
+    train.main([*dry, "--max_iters=400", "--warmup_iters=141"])  # B51: a drop to 0.996 is not told of
+    assert "warm-up ends" not in capsys.readouterr().out
+
+
+def test_the_step_line_times_a_resumed_run(data_dir, tmp_path, monkeypatch, capsys):  # B15, B17
+    args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", "--max_iters=4", "--eval_interval=2",
+            "--total_batch_tokens=256"]
+    write_jsonl = train.write_jsonl
+
+    def stop_after_step_2(path, recs):
+        write_jsonl(path, recs)
+        if any(r["type"] == "eval" and r["step"] == 2 for r in recs):
+            raise KeyboardInterrupt
+    monkeypatch.setattr(train, "write_jsonl", stop_after_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(args)
+    monkeypatch.setattr(train, "write_jsonl", write_jsonl)
+    clock = iter(range(0, 10 ** 6, 60))  # every step takes a minute
+    monkeypatch.setattr(train, "time", types.SimpleNamespace(time=lambda: float(next(clock))))
+    capsys.readouterr()
+    train.main([*args, "--resume"])
+    line = re.search(r"^step 3/4 .*$", capsys.readouterr().out, re.M)[0]
+    assert "dt 60000 ms | tok/s 4 | eta 1.0m" in line, line  # 256 tokens / 60 s; one step left at a minute a step
+
+
+def test_a_non_finite_val_loss_stops_the_run(data_dir, tmp_path, monkeypatch):  # C61
+    monkeypatch.setattr(train, "evaluate", lambda *a, **k: {"val_loss": float("nan"), "val_bpb": float("nan")})
+    with pytest.raises(train.ConfigError, match=r"^val loss is nan at step 0; stopping \(no checkpoint was written\)"):
+        train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", "--max_iters=2"])
+
+
+def test_the_last_evaluation_runs_once(data_dir, tmp_path, monkeypatch, capsys):  # C09
+    args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", "--max_iters=2"]
+    train.main(args)
+    assert capsys.readouterr().out.count("eval step 2:") == 1
+    monkeypatch.setattr(train, "evaluate", None)  # a finished run resumed: nothing to evaluate
+    assert train.main([*args, "--resume"])["step"] == 2
+
+
+def test_the_dry_run_warns_only_past_one_epoch(data_dir, monkeypatch, capsys):  # C17
+    meta = load_meta(data_dir)
+    monkeypatch.setattr(train, "read_meta", lambda d: dict(meta, train_tokens=256))
+    train.main([*TINY, f"--data_dir={data_dir}", "--max_iters=2", "--dry_run"])  # exactly 256 tokens: one epoch
+    assert "would read" not in capsys.readouterr().out
+    train.main([*TINY, f"--data_dir={data_dir}", "--max_iters=3", "--dry_run"])
+    assert "WARNING: this run would read about 1.50 epochs" in capsys.readouterr().out
+
+
+def test_the_epoch_warning_names_the_step_that_crosses(data_dir, tmp_path, capsys):  # C49
+    meta = load_meta(data_dir)
+    rows = train.Batches(load_tokens(data_dir, "train"), meta["bos_id"], 32, 3).rows_per_epoch()
+    iters = rows // 4 + 2
+    train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", f"--max_iters={iters}",
+                "--eval_interval=100000", "--log_interval=100000"])
+    assert f"WARNING: step {rows // 4 + 1} starts epoch 2 of" in capsys.readouterr().out

@@ -109,6 +109,11 @@ def peak_flops(gpu):
     return next((v for k, v in PEAK_FLOPS.items() if k in gpu), None)
 
 
+def mfu(flops_per_token, tok_s, peak, world):
+    """Model FLOPs utilisation, %: the FLOP/s the run's tok_s (all ranks together) takes, over the world's GPUs' peak."""
+    return 100 * flops_per_token * tok_s / (peak * world)
+
+
 EPOCH_ADVICE = ("the paper's regime is a single epoch and BoV's tables memorise repeated data (gamma_v grows). "
                 "Lower the budget or prepare more data.")
 # What main() cleans up and stopped_note() reports, whenever run() stops: "ckpt" and "eval_interval" (for the
@@ -1038,10 +1043,10 @@ def run(argv):
         if step % s["log_interval"] == 0 or step == iters:
             smooth_debiased = smooth / (1 - LOSS_EMA ** step)  # the average started at 0
             tok_s = s["total_batch_tokens"] / dt
-            mfu = f" | mfu {100 * flops_per_token * tok_s / (peak * world):.1f}%" if peak else ""
+            used = f" | mfu {mfu(flops_per_token, tok_s, peak, world):.1f}%" if peak else ""
             eta = (now - t_start) / (step - start_step) * (iters - step)
             log(f"step {step}/{iters} | loss {smooth_debiased:.4f} | lrm {lrm:.2f} | "
-                f"dt {dt * 1000:.0f} ms | tok/s {tok_s:,.0f}{mfu} | eta {eta / 60:.1f}m")
+                f"dt {dt * 1000:.0f} ms | tok/s {tok_s:,.0f}{used} | eta {eta / 60:.1f}m")
             # the step's own loss (the log shows the moving average); metrics.jsonl is written at each checkpoint
             metrics.append({"type": "train", "step": step, "tokens": step * s["total_batch_tokens"], "loss": loss_val, "lrm": lrm})
 
