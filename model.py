@@ -723,6 +723,14 @@ class GPT(nn.Module):
                 table.weight.data = self.offload.host[t]
         return self
 
+    def _apply(self, fn, *args, **kwargs):
+        """nn.Module's .to() / .half() / .cuda() ...: refused once the tables are offloaded. Each would copy the table
+        parameters apart from the host copy that decoding reads (TableOffload.host), or move the tables to the device
+        after all: convert the model first, then call offload_tables()."""
+        if self.offload is not None:
+            raise RuntimeError("the value tables are offloaded: convert or move the model before offload_tables(), not after")
+        return super()._apply(fn, *args, **kwargs)
+
     def table_weight(self, t):
         """Value table t as (rows, C): the parameter, or the device row cache of offloaded tables."""
         return self.offload.device_rows[t] if self.offload is not None else self.tables[t].weight

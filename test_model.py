@@ -885,6 +885,20 @@ def test_the_row_cache_fetches_each_id_once_and_stays_small():
         assert model.offload.used == len(set(out[0, :-1].tolist()))
 
 
+def test_a_model_with_offloaded_tables_is_not_converted_after():
+    """model.to(dtype) after offload_tables() would copy the table parameters apart from the host copy that decoding
+    reads (the decode then reads the old tables), and .to(device) would move the tables after all: refused."""
+    model = build(tiny("bov"))
+    model.offload_tables("cpu")
+    for convert in (lambda m: m.to(torch.bfloat16), lambda m: m.float(), lambda m: m.to("cpu")):
+        with pytest.raises(RuntimeError, match=r"^the value tables are offloaded: convert or move the model before "
+                                               r"offload_tables\(\), not after$"):
+            convert(model)
+    assert all(t.weight.dtype == torch.float64 and t.weight.untyped_storage().data_ptr() ==
+               model.offload.host.untyped_storage().data_ptr() for t in model.tables)
+    assert build(tiny("bov")).float().offload_tables("cpu").offload.host.dtype == torch.float32  # before: fine
+
+
 @pytest.mark.parametrize("variant", ["bov", "bov_shared_table", "value_embed_gated"])
 def test_offloaded_tables_give_the_same_tokens(variant):
     cfg = tiny(variant)
@@ -1122,3 +1136,69 @@ def test_the_preset_listing_and_a_reader_that_leaves(monkeypatch, capsys):
     assert p.wait(timeout=120) == 0 and err == ""
     r = finish(on_full, 120)
     assert r.returncode == 1 and r.stderr == "model.py: error: cannot write the listing: No space left on device\n"
+
+
+# ---------------------------------------------------------------------------- from a mutation audit of model.py
+
+def test_ids_empty_or_int32_and_cache_lengths():
+    """int32 ids give int64's logits (also through a cache and generate); an empty sequence and a cache of 0
+    positions are refused (0 would read as "block_size"); a config edited after it was built is checked again."""
+    model = build(tiny("bov"))
+    idx = batch(model.config)
+    assert torch.equal(model(idx.int())[0], model(idx)[0])
+    cache = model.new_cache(2)
+    assert torch.equal(model(idx.int(), cache=cache)[0], model(idx)[0])
+    assert torch.equal(model.generate(idx.int(), 3, temperature=0), model.generate(idx, 3, temperature=0))
+    empty = torch.zeros(1, 0, dtype=torch.long)
+    for call in (lambda: model(empty), lambda: model.generate(empty, 1)):
+        with pytest.raises(ValueError, match="empty sequence"):
+            call()
+    with pytest.raises(ValueError, match=r"not 0$"):
+        model.new_cache(1, 0)
+    cfg = tiny()
+    cfg.n_head = 5
+    with pytest.raises(ValueError, match="not divisible"):
+        GPT(cfg)
+
+
+def test_a_failed_save_keeps_the_last_checkpoint_and_no_temporary(tmp_path, monkeypatch):
+    model = build(tiny("bov"))
+    path = tmp_path / "new" / "run" / "ckpt.pt"  # folders made as needed
+    model.save_checkpoint(str(path), step=1)
+    before = path.read_bytes()
+    def full_disk(obj, f, *a, **k):
+        f.write(b"half a checkpoint")
+        raise RuntimeError("unexpected pos 512 vs 448")
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(RuntimeError, match="unexpected pos"):
+        model.save_checkpoint(str(path), step=2)
+    assert path.read_bytes() == before and os.listdir(path.parent) == ["ckpt.pt"]
+    monkeypatch.undo()
+    assert GPT.from_checkpoint(str(path))[1]["step"] == 1
+
+
+def test_a_record_without_a_crc_does_not_turn_the_checks_off(tmp_path):
+    """An empty tensor's record has CRC 0, as all records of a zip saved with CRCs off: the others are still checked."""
+    model = build(tiny("bov"))
+    path = tmp_path / "ckpt.pt"
+    model.save_checkpoint(str(path), empty=torch.empty(0))
+    assert any(r.CRC == 0 for r in zipfile.ZipFile(path).infolist())
+    flip_tensor_byte(path)
+    with pytest.raises(ValueError, match="fails the zip's CRC-32"):
+        GPT.from_checkpoint(str(path))
+
+
+def test_a_folder_names_four_of_the_checkpoints_below_it(tmp_path):
+    for i in range(5):
+        (tmp_path / f"sub{i}").mkdir()
+        (tmp_path / f"sub{i}" / "ckpt.pt").write_bytes(b"")
+    with pytest.raises(FileNotFoundError) as e:
+        GPT.from_checkpoint(str(tmp_path))
+    assert str(e.value) == (f"{tmp_path} is a folder without ckpt.pt; checkpoints below it: "
+                            + ", ".join(str(tmp_path / f"sub{i}" / "ckpt.pt") for i in range(4)) + ", ...")
+
+
+def test_cache_and_table_bytes_default_to_bfloat16():
+    cfg = tiny("bov")
+    assert cfg.kv_cache_bytes(1, 1) == cfg.kv_cache_bytes(1, 1, torch.bfloat16) == cfg.kv_cache_bytes(1, 1, torch.float32) // 2 + 2
+    assert cfg.table_bytes() == cfg.table_bytes(torch.bfloat16) == cfg.table_bytes(torch.float32) // 2
