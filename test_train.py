@@ -1275,12 +1275,15 @@ def test_a_failed_save_or_damaged_data_is_one_line(data_dir, tmp_path, monkeypat
     with pytest.raises(train.ConfigError, match=r"is at step 100, outside this run's 0\.\.4 iterations"):
         train.main([*args, "--resume"])
     damaged = tmp_path / "data"
-    shutil.copytree(data_dir, damaged)
-    train_shard = next(f for f in sorted(os.listdir(damaged)) if f.startswith("train_"))
-    # all through the shard, so the first batch meets one; 300, the first id past the vocabulary (mutant M4: `>`)
-    np.memmap(damaged / train_shard, dtype=np.uint16, mode="r+", offset=24)[1::7] = 300
-    with pytest.raises(train.DataError, match=r"the train data in .* holds token id 300, outside the model's vocabulary of 300"):
-        train.main([*TINY, f"--data_dir={damaged}", f"--out_dir={tmp_path / 'run2'}", "--max_iters=2"])
+    for split, name in (("train", "train"), ("val", "validation")):
+        shutil.rmtree(damaged, ignore_errors=True)
+        shutil.copytree(data_dir, damaged)
+        shard = next(f for f in sorted(os.listdir(damaged)) if f.startswith(split + "_"))
+        # all through the shard, so the first batch meets one; 300, the first id past the vocabulary (mutant M4: `>`)
+        np.memmap(damaged / shard, dtype=np.uint16, mode="r+", offset=24)[1::7] = 300
+        with pytest.raises(train.DataError, match=rf"the {name} data in .* holds token id 300, outside the model's "
+                                                  rf"vocabulary of 300"):
+            train.main([*TINY, f"--data_dir={damaged}", f"--out_dir={tmp_path / 'run2'}", "--max_iters=2"])
     # a cut tokenizer: refused before training, as sample.py and eval.py would refuse it (a checkpoint trained beside
     # it would record its hash, and the mended tokenizer would then never read it)
     shutil.rmtree(damaged)
@@ -1427,22 +1430,27 @@ def test_accumulated_gradients_are_the_mean_over_micro_batches(data_dir, tmp_pat
 
 # resume and metrics
 
+def stop_after_step_2(args, monkeypatch):
+    """train.main(args), stopped (as by Ctrl-C) once the metrics of the step-2 checkpoint are written."""
+    write_jsonl = train.write_jsonl
+
+    def then_stop(path, recs):
+        write_jsonl(path, recs)
+        if any(r["type"] == "eval" and r["step"] == 2 for r in recs):
+            raise KeyboardInterrupt
+    monkeypatch.setattr(train, "write_jsonl", then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(args)
+    monkeypatch.setattr(train, "write_jsonl", write_jsonl)
+
+
 def test_a_resume_keeps_the_metrics_file_and_does_not_repeat_the_evaluation(data_dir, tmp_path, monkeypatch):
     """T25 (evaluated_step = None: the resumed step is evaluated again, a second eval record at that step in
     metrics.jsonl), T35 (metrics.jsonl not rewritten from the checkpoint on resume: a run killed between
     writing ckpt.pt and metrics.jsonl leaves the file a checkpoint behind, and so would the resumed run)."""
     out = tmp_path / "run"
     args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=4", "--eval_interval=2"]
-    write_jsonl = train.write_jsonl
-
-    def stop_after_step_2(path, recs):
-        write_jsonl(path, recs)
-        if any(r["type"] == "eval" and r["step"] == 2 for r in recs):
-            raise KeyboardInterrupt
-    monkeypatch.setattr(train, "write_jsonl", stop_after_step_2)
-    with pytest.raises(KeyboardInterrupt):
-        train.main(args)
-    monkeypatch.setattr(train, "write_jsonl", write_jsonl)
+    stop_after_step_2(args, monkeypatch)
     saved = torch.load(out / "ckpt.pt", weights_only=True)["metrics"]
     assert saved[-1]["step"] == 2
     os.remove(out / "metrics.jsonl")  # as if killed after the first ckpt.pt was written, before metrics.jsonl
@@ -1575,20 +1583,20 @@ def test_the_plan_checks_the_vocabulary_and_the_batch_split_exactly(data_dir, ca
         train.plan(s, overrides, 2, lambda *a: None)
 
 
-# ---------------------------------------------------------------------------- from a mutation audit (each kills a mutant that survived)
+# ---------------------------------------------------------------------------- from a third mutation audit of train.py
 
 def test_settings_limits_and_spellings(tmp_path):
-    s, _ = train.resolve_settings(["--warmdown_frac=0", "--final_lr_frac=0"])  # A01: 0 keeps the peak to the end
+    s, _ = train.resolve_settings(["--warmdown_frac=0", "--final_lr_frac=0"])  # 0 keeps the peak to the end
     assert (s["warmdown_frac"], s["final_lr_frac"]) == (0.0, 0.0)
-    for key in ("matrix_lr", "unembedding_lr", "scalar_lr", "table_lr"):  # A02
+    for key in ("matrix_lr", "unembedding_lr", "scalar_lr", "table_lr"):
         with pytest.raises(train.ConfigError, match=f"^--{key} must not be negative, got -0.1$"):
             train.resolve_settings([f"--{key}=-0.1"])
-    with pytest.raises(train.ConfigError, match=r"^--total_batch_tokens must be positive, got 0$"):  # A03
+    with pytest.raises(train.ConfigError, match=r"^--total_batch_tokens must be positive, got 0$"):
         train.resolve_settings(["--total_batch_tokens=0"])
-    assert train.resolve_settings(["--compile"])[0]["compile"] == "true"  # A04
-    for text, value in (("0", "false"), ("no", "false"), ("off", "false"), ("1", "true"), ("on", "true")):  # A06
+    assert train.resolve_settings(["--compile"])[0]["compile"] == "true"
+    for text, value in (("0", "false"), ("no", "false"), ("off", "false"), ("1", "true"), ("on", "true")):
         assert train.resolve_settings([f"--compile={text}"])[0]["compile"] == value, text
-    c = tmp_path / "c.py"  # A05: a whole number for a float setting
+    c = tmp_path / "c.py"  # a whole number for a float setting
     c.write_text("warmdown_frac = 1\nmatrix_lr = 0\n")
     s, _ = train.resolve_settings([str(c)])
     assert (s["warmdown_frac"], s["matrix_lr"]) == (1.0, 0.0) and type(s["warmdown_frac"]) is float
@@ -1597,23 +1605,23 @@ def test_settings_limits_and_spellings(tmp_path):
 def test_seed_sets_the_data_order_and_the_init(data_dir, tmp_path):
     shards, bos = load_tokens(data_dir, "train"), load_meta(data_dir)["bos_id"]
     a, b = (train.Batches(shards, bos, 32, seed) for seed in (3, 4))
-    assert not np.array_equal(a.next_rows(4), b.next_rows(4))  # B02
+    assert not np.array_equal(a.next_rows(4), b.next_rows(4))
     losses = []
     for seed in (3, 4):
         out = str(tmp_path / str(seed))
         train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=1", f"--seed={seed}"])
         losses.append(records(out, "eval")[0]["val_loss"])  # step 0: the init alone
-    assert losses[0] != losses[1]  # B22
+    assert losses[0] != losses[1]
 
 
-def test_resume_with_another_target_tokens_is_refused(data_dir, tmp_path):  # B06
+def test_resume_with_another_target_tokens_is_refused(data_dir, tmp_path):
     base = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}"]
     train.main([*base, "--target_tokens=256", "--eval_interval=1"])
     with pytest.raises(train.ConfigError, match=re.escape("target_tokens=256 there, 512 here")):
         train.main([*base, "--target_tokens=512", "--eval_interval=1", "--resume"])
 
 
-def test_metrics_file_is_replaced_whole(tmp_path):  # B18
+def test_metrics_file_is_replaced_whole(tmp_path):
     p = str(tmp_path / "metrics.jsonl")
     train.write_jsonl(p, [{"type": "eval", "step": 0}])
     with pytest.raises(TypeError):
@@ -1621,16 +1629,7 @@ def test_metrics_file_is_replaced_whole(tmp_path):  # B18
     assert open(p).read() == '{"type": "eval", "step": 0}\n' and os.listdir(tmp_path) == ["metrics.jsonl"]
 
 
-def test_a_damaged_val_shard_is_one_line(data_dir, tmp_path):  # B19
-    damaged = tmp_path / "data"
-    shutil.copytree(data_dir, damaged)
-    shard = next(f for f in sorted(os.listdir(damaged)) if f.startswith("val_"))
-    np.memmap(damaged / shard, dtype=np.uint16, mode="r+", offset=24)[1::7] = 300
-    with pytest.raises(train.DataError, match=r"the validation data in .* holds token id 300"):
-        train.main([*TINY, f"--data_dir={damaged}", f"--out_dir={tmp_path / 'run'}", "--max_iters=2"])
-
-
-def test_exactly_one_epoch_is_not_warned(data_dir):  # B20
+def test_exactly_one_epoch_is_not_warned(data_dir):
     meta = load_meta(data_dir)
     s, _ = train.resolve_settings([*TINY, f"--data_dir={data_dir}", "--max_iters=1"])
     cfg = GPTConfig.preset("cpu", "bov", n_layer=2, n_embd=32, n_head=2, block_size=32, vocab_size=meta["vocab_size"])
@@ -1645,24 +1644,15 @@ def test_exactly_one_epoch_is_not_warned(data_dir):  # B20
 
 def test_plan_boundaries(data_dir, capsys):
     dry = [*TINY, f"--data_dir={data_dir}", "--dry_run"]
-    train.main([*dry, "--max_iters=2", "--eval_tokens=32"])  # B21: one row of block_size=32 is enough
-    train.main([*dry, "--max_iters=400", "--warmup_iters=141"])  # B51: a drop to 0.996 is not told of
+    train.main([*dry, "--max_iters=2", "--eval_tokens=32"])  # one row of block_size=32 is enough
+    train.main([*dry, "--max_iters=400", "--warmup_iters=141"])  # a drop to 0.996 is not told of
     assert "warm-up ends" not in capsys.readouterr().out
 
 
-def test_the_step_line_times_a_resumed_run(data_dir, tmp_path, monkeypatch, capsys):  # B15, B17
+def test_the_step_line_times_a_resumed_run(data_dir, tmp_path, monkeypatch, capsys):
     args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", "--max_iters=4", "--eval_interval=2",
             "--total_batch_tokens=256"]
-    write_jsonl = train.write_jsonl
-
-    def stop_after_step_2(path, recs):
-        write_jsonl(path, recs)
-        if any(r["type"] == "eval" and r["step"] == 2 for r in recs):
-            raise KeyboardInterrupt
-    monkeypatch.setattr(train, "write_jsonl", stop_after_step_2)
-    with pytest.raises(KeyboardInterrupt):
-        train.main(args)
-    monkeypatch.setattr(train, "write_jsonl", write_jsonl)
+    stop_after_step_2(args, monkeypatch)
     clock = iter(range(0, 10 ** 6, 60))  # every step takes a minute
     monkeypatch.setattr(train, "time", types.SimpleNamespace(time=lambda: float(next(clock))))
     capsys.readouterr()
@@ -1671,13 +1661,13 @@ def test_the_step_line_times_a_resumed_run(data_dir, tmp_path, monkeypatch, caps
     assert "dt 60000 ms | tok/s 4 | eta 1.0m" in line, line  # 256 tokens / 60 s; one step left at a minute a step
 
 
-def test_a_non_finite_val_loss_stops_the_run(data_dir, tmp_path, monkeypatch):  # C61
+def test_a_non_finite_val_loss_stops_the_run(data_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(train, "evaluate", lambda *a, **k: {"val_loss": float("nan"), "val_bpb": float("nan")})
     with pytest.raises(train.ConfigError, match=r"^val loss is nan at step 0; stopping \(no checkpoint was written\)"):
         train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", "--max_iters=2"])
 
 
-def test_the_last_evaluation_runs_once(data_dir, tmp_path, monkeypatch, capsys):  # C09
+def test_the_last_evaluation_runs_once(data_dir, tmp_path, monkeypatch, capsys):
     args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", "--max_iters=2"]
     train.main(args)
     assert capsys.readouterr().out.count("eval step 2:") == 1
@@ -1685,7 +1675,7 @@ def test_the_last_evaluation_runs_once(data_dir, tmp_path, monkeypatch, capsys):
     assert train.main([*args, "--resume"])["step"] == 2
 
 
-def test_the_dry_run_warns_only_past_one_epoch(data_dir, monkeypatch, capsys):  # C17
+def test_the_dry_run_warns_only_past_one_epoch(data_dir, monkeypatch, capsys):
     meta = load_meta(data_dir)
     monkeypatch.setattr(train, "read_meta", lambda d: dict(meta, train_tokens=256))
     train.main([*TINY, f"--data_dir={data_dir}", "--max_iters=2", "--dry_run"])  # exactly 256 tokens: one epoch
@@ -1694,7 +1684,7 @@ def test_the_dry_run_warns_only_past_one_epoch(data_dir, monkeypatch, capsys):  
     assert "WARNING: this run would read about 1.50 epochs" in capsys.readouterr().out
 
 
-def test_the_epoch_warning_names_the_step_that_crosses(data_dir, tmp_path, capsys):  # C49
+def test_the_epoch_warning_names_the_step_that_crosses(data_dir, tmp_path, capsys):
     meta = load_meta(data_dir)
     rows = train.Batches(load_tokens(data_dir, "train"), meta["bos_id"], 32, 3).rows_per_epoch()
     iters = rows // 4 + 2
