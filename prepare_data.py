@@ -1140,9 +1140,9 @@ def prepare(config, out_dir, force=False, held=None):
             reading = True
     # a folder this run cannot write (a read-only mount) is refused before the work that would end at its first write
     # (a download, a tokenizer trained), and only when there is work: a finished folder is still read
-    unwritable = f"--out_dir {out_dir} is not writable"
-    if force and os.path.isdir(out_dir) and not os.access(out_dir, os.W_OK):
-        raise DataError(unwritable)
+    unwritable = os.path.isdir(out_dir) and not os.access(out_dir, os.W_OK)
+    if force and unwritable:
+        raise DataError(f"--out_dir {out_dir} is not writable")
     source = tok = None
     if force:  # --force deletes nothing before the new source is found and its tokenizer made
         source = new_source()
@@ -1181,8 +1181,8 @@ def prepare(config, out_dir, force=False, held=None):
         return state
     if reading:  # there is work to do, under a reader
         raise DataError(busy)
-    if os.path.isdir(out_dir) and not os.access(out_dir, os.W_OK):
-        raise DataError(unwritable)
+    if unwritable:
+        raise DataError(f"--out_dir {out_dir} is not writable")
     source = source or new_source()
     # (a folder begun before the file list was recorded has no "files", and is not checked)
     if state is not None and state.get("files", source.fingerprint) != source.fingerprint:

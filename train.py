@@ -697,11 +697,12 @@ def plan(s, model_overrides, world, log):
 
     Needs only the model's shapes (a meta-device model) and of the data only meta.json; meta is None
     for a dry run without the data."""
-    try:  # a dry run may plan a GPU run on a machine without one, but not on a device torch has never heard of
-        s["device"] == "auto" or torch.device(s["device"])
-    except (RuntimeError, ValueError):
-        raise ConfigError(f"--device {s['device']} is not usable here: not a device type torch knows "
-                          f"(cpu, cuda, cuda:N, mps, ...)") from None
+    if s["device"] != "auto":  # a dry run may plan a GPU run on a machine without one, not on a device torch never heard of
+        try:
+            torch.device(s["device"])
+        except (RuntimeError, ValueError):
+            raise ConfigError(f"--device {s['device']} is not usable here: not a device type torch knows "
+                              f"(cpu, cuda, cuda:N, mps, ...)") from None
     meta = None
     if not s["dry_run"] or os.path.exists(os.path.join(s["data_dir"], "meta.json")) or os.path.isfile(s["data_dir"]):
         # the dry run too when the data is there (or --data_dir is a file: load_meta says so)
