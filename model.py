@@ -283,6 +283,8 @@ class KVCache:
     """
 
     def __init__(self, config, batch, max_len, dtype, device):
+        if not 0 < max_len <= config.block_size:  # past block_size there are no rotary tables (GPT.cos, GPT.sin)
+            raise ValueError(f"a KV cache holds 1 to block_size = {config.block_size} positions, not {max_len}")
         B, H, D = batch, config.n_head, config.head_dim
         v_free = set(config.v_free_layers())
         empty = lambda: torch.empty(B, H, max_len, D, dtype=dtype, device=device)
@@ -664,6 +666,10 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {idx.size(1)} tokens is longer than {what}")
         if idx.size(1) == 0:
             raise ValueError("empty sequence: idx needs at least one token")
+        if idx.size(0) == 0:
+            raise ValueError("empty batch: idx needs at least one sequence")
+        if cache is not None and cache.k[0].size(0) != idx.size(0):
+            raise ValueError(f"a batch of {idx.size(0)} sequences for a KV cache of {cache.k[0].size(0)}")
 
     def forward(self, idx, targets=None, *, reduction="mean", cache=None, last_only=False):
         """logits (B, T, |V|) and, given targets (-1 = ignore), the loss: a scalar mean, or the
@@ -864,11 +870,9 @@ class GPT(nn.Module):
 
     def new_cache(self, batch, max_len=None):
         """A KVCache for `batch` sequences of up to max_len (default and at most block_size) tokens."""
-        if max_len is not None and not 0 < max_len <= self.config.block_size:
-            raise ValueError(f"a KV cache holds 1 to block_size = {self.config.block_size} positions, not {max_len}")
         p = self.wte.weight
         dtype = torch.get_autocast_dtype(p.device.type) if torch.is_autocast_enabled(p.device.type) else p.dtype
-        return KVCache(self.config, batch, max_len or self.config.block_size, dtype, p.device)
+        return KVCache(self.config, batch, self.config.block_size if max_len is None else max_len, dtype, p.device)
 
     # -- accounting -----------------------------------------------------------
 
