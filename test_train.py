@@ -1554,6 +1554,13 @@ def test_settings_at_their_limits_are_taken_and_past_them_refused():
     assert train.resolve_settings(["--variant=baseline"])[0]["out_dir"] == os.path.join("out", "cpu_baseline")
 
 
+def test_a_config_file_may_be_a_pipe():
+    """`echo max_iters=3 | python train.py /dev/stdin` (or bash's <(...)): read as a file is."""
+    r = subprocess.run([sys.executable, "train.py", "/dev/stdin", "--dry_run"], cwd=HERE, input="max_iters = 3\n",
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "plan: --max_iters -> 3 iterations" in r.stdout, r.stderr
+
+
 def test_a_config_files_values_are_typed_as_the_settings(tmp_path):
     """S2 (a whole float left a float: 4.096e3 tokens a step printed and saved as 4096.0), S3 (dry_run = 1 taken
     for a bool), S19 (a config file's private name, _x, refused as an unknown setting)."""

@@ -212,7 +212,7 @@ def resolve_settings(argv):
     cli_budgets = {a[2:].partition("=")[0] for a in argv if a.startswith("--")} & set(budgets)
     for arg in argv:
         if not arg.startswith("--"):
-            if not os.path.isfile(arg):
+            if not os.path.exists(arg) or os.path.isdir(arg):  # a file, or a pipe (/dev/stdin, <(...))
                 if os.path.isdir(arg):
                     raise ConfigError(f"config file {arg} is a folder")
                 hint = f"; did you mean --{arg.lstrip('-')}?" if "=" in arg and os.sep not in arg else ""  # nanoGPT's form, or -key
