@@ -655,7 +655,8 @@ class GPT(nn.Module):
     # -- forward --------------------------------------------------------------
 
     def check_ids(self, idx, cache=None):
-        """ValueError, before any kernel runs, for ids outside the vocabulary or a too-long sequence."""
+        """ValueError, before any kernel runs, for ids outside the vocabulary, a too-long or empty sequence, an empty
+        batch, or a batch that is not the cache's."""
         if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"idx must be a (batch, time) tensor of int64 or int32 token ids, got shape {tuple(idx.shape)} dtype {idx.dtype}")
         if idx.numel() and (idx.min() < 0 or idx.max() >= self.config.vocab_size):
@@ -669,7 +670,7 @@ class GPT(nn.Module):
         if idx.size(0) == 0:
             raise ValueError("empty batch: idx needs at least one sequence")
         if cache is not None and cache.k[0].size(0) != idx.size(0):
-            raise ValueError(f"a batch of {idx.size(0)} sequences for a KV cache of {cache.k[0].size(0)}")
+            raise ValueError(f"a batch of {idx.size(0)} sequences, but the KV cache holds {cache.k[0].size(0)}")
 
     def forward(self, idx, targets=None, *, reduction="mean", cache=None, last_only=False):
         """logits (B, T, |V|) and, given targets (-1 = ignore), the loss: a scalar mean, or the

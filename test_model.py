@@ -1160,7 +1160,7 @@ def test_ids_empty_or_int32_and_cache_lengths():
         model_module.KVCache(cfg, 1, 300, torch.float64, "cpu")  # built by hand: no rotary tables past block_size
     with pytest.raises(ValueError, match=r"^empty batch: idx needs at least one sequence$"):
         model(torch.zeros(0, 5, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"^a batch of 2 sequences for a KV cache of 1$"):
+    with pytest.raises(ValueError, match=r"^a batch of 2 sequences, but the KV cache holds 1$"):
         model(idx, cache=model.new_cache(1))
     cfg = tiny()
     cfg.n_head = 5
