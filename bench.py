@@ -64,7 +64,8 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from torch.utils.weak import WeakIdKeyDictionary
 
 from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory
-from prepare_data import ArgumentParser, atomic_write, json_lines, out_dir_problem, plural, silence_stdout, whole_number
+from prepare_data import (ArgumentParser, atomic_write, json_lines, out_dir_problem, plural, reconfigure_stdout, silence_stdout,
+                          whole_number)
 from sample import autocast, check_device, keep_freed_memory, resolve_dtype
 
 PAPER_BUDGETS = {"paper_135m": 1.5e18, "paper_780m": 3.91e19}  # training FLOPs of the paper's runs
@@ -845,6 +846,5 @@ def main(argv=None):
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SystemExit: a PNG being written is removed
-    if sys.stdout is not None:  # a stdout that cannot encode a character (PYTHONIOENCODING=ascii) shows it escaped
-        sys.stdout.reconfigure(errors="backslashreplace")
+    reconfigure_stdout()
     main()

@@ -54,9 +54,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import GPT, checkpoint_file, first_line, no_checkpoint, out_of_memory, unreadable_checkpoint
-from prepare_data import (ArgumentParser, DataError, connection_text, is_http_url, json_lines, not_utf8, silence_stdout, url_reachable,
-                          write_json)
-from sample import autocast, check_device, checkpoint_tokenizer, resolve_dtype
+from prepare_data import (ArgumentParser, DataError, connection_text, is_http_url, json_lines, not_utf8, reconfigure_stdout,
+                          silence_stdout, url_reachable, write_json)
+from sample import autocast, check_device, checkpoint_tokenizer, float16_remedy, resolve_dtype
 
 EVAL_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
 
@@ -347,7 +347,7 @@ def score(model, rows, batch_size, device, pad_id, dtype=torch.float32, bar=None
         logits = logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32, fp64 stays
         if not torch.isfinite(logits).all():  # every score would be wrong, and the accuracy with it, silently
             raise EvalError(f"the model's logits are not finite (NaN or inf) under {str(dtype).removeprefix('torch.')}"
-                            + ("; float16's range is 65504: evaluate with --dtype bfloat16 or float32" if dtype == torch.float16 else ""))
+                            f"{float16_remedy(dtype, 'evaluate')}")
         targets = idx[:, 1:]
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none").view_as(targets)
         summed = (loss * scored).sum(1)
@@ -531,6 +531,5 @@ def main(argv=None):
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SystemExit: finally blocks (the download's cleanup) run
-    if sys.stdout is not None:  # a stdout that cannot encode a character (PYTHONIOENCODING=ascii) shows it escaped
-        sys.stdout.reconfigure(errors="backslashreplace")
+    reconfigure_stdout()
     main()

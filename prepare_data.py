@@ -198,6 +198,14 @@ def out_dir_problem(path):
     return None if os.access(path, os.W_OK) else "is not writable"
 
 
+def reconfigure_stdout(line_buffering=False):
+    """The scripts' stdout: a character it cannot encode (PYTHONIOENCODING=ascii, a C-locale terminal) is written
+    escaped, not a UnicodeEncodeError; with line_buffering each line goes out as it is printed (`| tee log`). stdout
+    is None when a script starts with it closed (`>&-`): print() then writes nothing, and there is nothing to set."""
+    if sys.stdout is not None:
+        sys.stdout.reconfigure(errors="backslashreplace", **({"line_buffering": True} if line_buffering else {}))
+
+
 def silence_stdout():
     """Point stdout at /dev/null once a write to it failed (its reader left, its disk is full), so that
     Python's flush at exit does not fail, and print an error, a second time."""
@@ -285,16 +293,22 @@ def write_shard(path, tokens):
     atomic_write(path, write)
 
 
+def _shard_header(path):
+    """(magic, version, itemsize, count) from the shard file at path; None when it is shorter than a header."""
+    with open(path, "rb") as f:
+        head = f.read(HEADER_BYTES)
+    return HEADER.unpack(head) if len(head) == HEADER_BYTES else None
+
+
 def _shard_problem(path, dtype, expected_tokens, bos_id):
     """Return None if the shard at path is valid, else a short description of what is wrong."""
     if not os.path.exists(path):
         return "is missing"
     size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        head = f.read(HEADER_BYTES)
-    if len(head) < HEADER_BYTES:
+    header = _shard_header(path)
+    if header is None:
         return f"is truncated ({size} bytes, shorter than its header)"
-    magic, version, itemsize, count = HEADER.unpack(head)
+    magic, version, itemsize, count = header
     if magic != MAGIC:
         return "is corrupt (not a bov token shard)"
     if version != FORMAT:
@@ -1024,11 +1038,10 @@ def _holds_ours(path):
     name = os.path.basename(path)
     try:
         if name.endswith(".bin"):
-            with open(path, "rb") as f:
-                head = f.read(HEADER_BYTES)
-            if len(head) < HEADER_BYTES:
+            header = _shard_header(path)
+            if header is None:
                 return False
-            magic, version, itemsize, count = HEADER.unpack(head)
+            magic, version, itemsize, count = header
             return (magic == MAGIC and version == FORMAT and itemsize in (2, 4)
                     and os.path.getsize(path) == HEADER_BYTES + count * itemsize)
         if name == "tokenizer.json":
@@ -1321,7 +1334,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
-    if sys.stdout is not None:  # None when started with stdout closed (`>&-`): print() then writes nothing
-        sys.stdout.reconfigure(line_buffering=True, errors="backslashreplace")  # `| tee log` shows each line as it is
-        # printed; a character the stdout cannot encode (PYTHONIOENCODING=ascii) is shown escaped
+    reconfigure_stdout(line_buffering=True)
     main()

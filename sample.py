@@ -31,7 +31,8 @@ if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 
 import torch
 
 from model import GPT, checkpoint_file, compile_failed, first_line
-from prepare_data import ArgumentParser, DataError, load_tokenizer, plural, silence_stdout, tokenizer_sha256
+from prepare_data import (ArgumentParser, DataError, load_tokenizer, plural, reconfigure_stdout, silence_stdout,
+                          tokenizer_sha256)
 
 SEPARATOR = "\n---------------\n"
 
@@ -113,6 +114,14 @@ def resolve_dtype(name, device):
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+UNKNOWN_DEVICE = "not a device type torch knows (cpu, cuda, cuda:N, mps, ...)"  # torch's own list runs to a paragraph
+
+
+def float16_remedy(dtype, verb):
+    """What to add to an error about logits that are not finite: float16's remedy, where float16 was the dtype."""
+    return f"; float16's range is 65504: {verb} with --dtype bfloat16 or float32" if dtype == torch.float16 else ""
+
+
 def check_device(device):
     """ValueError, in one line, if tensors cannot be made on device (also used by train.py, bench.py and eval.py)."""
     try:
@@ -122,7 +131,7 @@ def check_device(device):
     except (AssertionError, RuntimeError, NotImplementedError, ImportError) as e:
         why = first_line(e, None)
         if why.startswith("Expected one of"):  # torch lists every device type it knows: too long for one line
-            why = "not a device type torch knows (cpu, cuda, cuda:N, mps, ...)"
+            why = UNKNOWN_DEVICE
         elif why.startswith("Could not run") or isinstance(e, ImportError) or "INTERNAL ASSERT" in why:
             # no kernels for the device, or no torch.hpu module to find them: a build without its backend
             why = f"this torch build has no {torch.device(device).type} backend"
@@ -288,8 +297,7 @@ def main(argv=None):
         sys.exit(1 if isinstance(e, BrokenPipeError) else f"sample.py: error: cannot write the text: {e.strerror or e}")
     except FloatingPointError as e:  # GPT.stream: logits NaN or inf (float16 overflows, or a diverged checkpoint)
         sys.stdout.write("\n")
-        sys.exit(f"sample.py: error: {e}" + ("; float16's range is 65504: sample with --dtype bfloat16 or float32"
-                                             if dtype == torch.float16 else ""))
+        sys.exit(f"sample.py: error: {e}{float16_remedy(dtype, 'sample')}")
     except Exception as e:
         if args.compile and compile_failed(e):
             sys.exit(f"sample.py: error: torch.compile failed ({first_line(e)}); run without --compile")
@@ -314,6 +322,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
-    if sys.stdout is not None:  # a stdout that cannot encode a character (PYTHONIOENCODING=ascii) shows it escaped
-        sys.stdout.reconfigure(errors="backslashreplace")
+    reconfigure_stdout()
     main()

@@ -44,8 +44,8 @@ import torch.distributed as dist
 from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory, unreadable_checkpoint
 from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, being_written, load_meta, load_token_bytes,
                           load_tokenizer, load_tokens, lock_folder, missing_top, out_dir_problem, prepare_command,
-                          remove_unused, silence_stdout, tokenizer_sha256, whole_number, write_json)
-from sample import autocast as sample_autocast, check_device, keep_freed_memory
+                          reconfigure_stdout, remove_unused, silence_stdout, tokenizer_sha256, whole_number, write_json)
+from sample import UNKNOWN_DEVICE, autocast as sample_autocast, check_device, keep_freed_memory
 
 # -----------------------------------------------------------------------------
 # Defaults. Learning rates are the peak rates of the paper's 135M run (Table 6; table_lr from Section 5); configure_optimizers
@@ -701,8 +701,7 @@ def plan(s, model_overrides, world, log):
         try:
             torch.device(s["device"])
         except (RuntimeError, ValueError):
-            raise ConfigError(f"--device {s['device']} is not usable here: not a device type torch knows "
-                              f"(cpu, cuda, cuda:N, mps, ...)") from None
+            raise ConfigError(f"--device {s['device']} is not usable here: {UNKNOWN_DEVICE}") from None
     meta = None
     if not s["dry_run"] or os.path.exists(os.path.join(s["data_dir"], "meta.json")) or os.path.isfile(s["data_dir"]):
         # the dry run too when the data is there (or --data_dir is a file: load_meta says so)
@@ -723,7 +722,8 @@ def plan(s, model_overrides, world, log):
     # a run's name (and out_dir) says which value variant it trains: the settings must not contradict it. Its target
     # layers may move (--bov_layers), but what a target layer computes is the variant's own
     grid = ("value_source", "value_mix", "value_coeff", "shared_table")
-    changed = [k for k in grid if k in model_overrides and getattr(model_config, k) != getattr(GPTConfig.preset(s["size"], s["variant"]), k)]
+    own = GPTConfig.preset(s["size"], s["variant"]) if set(grid) & set(model_overrides) else model_config
+    changed = [k for k in grid if getattr(model_config, k) != getattr(own, k)]
     if changed:
         wanted = {k: getattr(model_config, k) for k in grid}
         named = sorted((v for v, fields in VARIANTS.items() if fields and all(fields.get(k, getattr(GPTConfig, k)) == wanted[k]
@@ -1138,10 +1138,7 @@ if __name__ == "__main__":
             silence_stdout()
             sys.exit(0 if isinstance(e, BrokenPipeError) else f"error: cannot write the help to stdout: {e.strerror or e}")
         sys.exit(0)
-    if sys.stdout is not None:  # None when started with stdout closed (`>&-`): print() then writes nothing
-        # `python train.py | tee log` shows each line as it is logged; a character the stdout cannot encode
-        # (PYTHONIOENCODING=ascii) is shown escaped
-        sys.stdout.reconfigure(line_buffering=True, errors="backslashreplace")
+    reconfigure_stdout(line_buffering=True)  # `python train.py | tee log` shows each line as it is logged
     try:
         main(sys.argv[1:])
     except KeyboardInterrupt:
