@@ -1069,9 +1069,10 @@ def load_state(out_dir, config, force, readonly=False):
     our files once the new source is found). DataError if the state is unreadable or was made with
     another config. readonly: delete and print nothing (the answer only)."""
     if force:  # every file named as ours, with or without a state file (the caller holds the folder's lock)
-        if _matches(out_dir, OUR_TEMPS + OUR_FILES):
+        if found := _matches(out_dir, OUR_TEMPS + OUR_FILES):
             print(f"--force: removing the files named as prepare_data.py's own in {out_dir}")
-            _remove(out_dir, OUR_TEMPS + OUR_FILES)
+            for path in found:
+                os.remove(path)
         return None
     for name in ("meta.json", "progress.json"):
         path = os.path.join(out_dir, name)
