@@ -292,6 +292,7 @@ class KVCache:
         self.v = [None if i in v_free else empty() for i in range(config.n_layer)]
         self.ids = torch.empty(B, max_len, dtype=torch.int32, device=device) if config.caches_ids() else None
         self.pos = 0  # number of positions already written
+        self.rows_epoch = None  # with offloaded tables: the TableOffload.epoch in which the rows of ids were fetched
         self.max_len = max_len
 
     def tensors(self):
@@ -509,8 +510,9 @@ class TableOffload:
     tables at once, into a device-side row cache (`device_rows`) keyed by token id, and
     `rows(t, ids)` gathers from it. Each distinct token's rows cross once per `reset()` (once per
     `GPT.stream()` call, for all its sequences); the row cache grows with the number of distinct ids
-    seen (powers of two from 64 rows), never to the whole vocabulary up front. For inference only:
-    the lookups read a copy, so no gradient would reach the tables.
+    seen (powers of two from 64 rows), never to the whole vocabulary up front. A KV cache filled before
+    the last reset (a stream paused while another started) has its ids' rows fetched again at its next
+    pass. For inference only: the lookups read a copy, so no gradient would reach the tables.
     """
 
     def __init__(self, tables, device):
@@ -525,6 +527,7 @@ class TableOffload:
         self.on_device = torch.zeros(V, dtype=torch.bool)  # slot >= 0, mirrored on the host: fetch reads no device memory
         self.rows_fetched = 0   # (token, table) rows copied host -> device
         self.bytes_moved = 0
+        self.epoch = 0          # reset() calls so far
         self.reset()
 
     def reset(self):
@@ -533,21 +536,27 @@ class TableOffload:
         self.slot.fill_(-1)
         self.on_device.zero_()
         self.used = 0
+        self.epoch += 1
 
-    def prefetch(self, ids):
-        """Make sure every id in `ids` has its rows on the device. Data-dependent (unique ids, a
-        growing cache): under torch.compile it runs eagerly, one graph break, and torch._dynamo is
-        imported only then (as a decorator it would add a second to every `import model`)."""
+    def prefetch(self, ids, cache=None):
+        """Make sure every id in `ids`, and every id already in `cache` (a KVCache that keeps ids), has its rows
+        on the device. Data-dependent (unique ids, a growing cache): under torch.compile it runs eagerly, one graph
+        break, and torch._dynamo is imported only then (as a decorator it would add a second to every `import model`)."""
         if torch.compiler.is_compiling():
-            return torch.compiler.disable(self.fetch)(ids)
-        return self.fetch(ids)
+            return torch.compiler.disable(self.fetch)(ids, cache)
+        return self.fetch(ids, cache)
 
-    def fetch(self, ids):
+    def fetch(self, ids, cache=None):
         """prefetch, always eager."""
+        ids = ids.reshape(-1)
+        if cache is not None and cache.rows_epoch != self.epoch:  # a new cache, or one filled before the last reset
+            if cache.ids is not None:  # its earlier positions read their rows again (V-free layers, at every step)
+                ids = torch.cat([cache.ids[:, :cache.pos].reshape(-1).to(ids.dtype), ids])
+            cache.rows_epoch = self.epoch
         # one device -> host copy of the ids (on CUDA it waits for them); the rest is decided on the host, and what
         # goes to the device goes non_blocking from pinned memory, so the host goes on queueing the layers (a unique
         # or a mask on the device, or a copy from pageable memory, would wait for the GPU)
-        wanted = ids.reshape(-1).cpu().long().unique()
+        wanted = ids.cpu().long().unique()
         missing = wanted[~self.on_device[wanted]]
         k = missing.numel()
         if k == 0:
@@ -686,7 +695,7 @@ class GPT(nn.Module):
         if cache is not None and cache.ids is not None:
             cache.ids[:, pos:pos + T] = idx
         if self.offload is not None:  # bring the rows of new ids over before the trunk needs them
-            self.offload.prefetch(idx)
+            self.offload.prefetch(idx, cache)
         bag_index = None
         if cache is not None and cache.ids is not None and T == 1 and self.config.v_free_layers():
             bag_index = self.decode_bag_index(cache, pos)

@@ -11,6 +11,7 @@ import re
 import shlex
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -435,6 +436,93 @@ def test_no_new_tokens_and_tiny_temperatures(tiny, capsys):
     res = run_sample(capsys, "--ckpt", path, "--start", "the bank", "--max_new_tokens", "6", "--temperature", "1e-40")
     assert res.out == greedy_text(model, tok, [tok.bos_id] + tok.encode("the bank"), 6)  # as greedy, not a crash
     assert sample.rate(1, 30.0) == "0.033 tok/s" and sample.rate(3000, 2.0) == "1,500.0 tok/s" and sample.rate(0, 1.0) == "n/a"
+
+
+def test_an_id_past_the_tokenizer_is_written_as_a_replacement_character(tiny):
+    """A model whose vocabulary is padded past the tokenizer's may sample an id the tokenizer does not have: it
+    comes out as U+FFFD, one per id, and the text goes on."""
+    _, tok, _ = tiny
+    written = []
+
+    class Out:
+        def write(self, s):
+            written.append(s)
+
+        def flush(self):
+            pass
+
+    stream = sample.TextStream(tok, Out())
+    stream.write([tok.vocab_size + 3])
+    stream.write([tok.vocab_size, tok.vocab_size + 1] + tok.encode("x"))
+    stream.close()
+    assert "".join(written) == "\ufffd\ufffd\ufffdx"
+
+
+def test_prefill_and_decode_times_are_split_at_the_first_token(tiny, monkeypatch):
+    """The prefill's time runs to the first new token, the decode's from it to the last (a fake clock: the
+    prefill takes 2 s, each later step 0.5 s)."""
+    _, tok, _ = tiny
+    now = [100.0]
+    monkeypatch.setattr(sample, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+
+    class Model:
+        def stream(self, idx, n, *args, **kwargs):
+            for step in range(n):
+                now[0] += 2.0 if step == 0 else 0.5
+                yield torch.tensor([[tok.encode("x")[0]]])
+
+    class Out:
+        def write(self, s):
+            pass
+
+        def flush(self):
+            pass
+
+    args = sample.parse_args(["--max_new_tokens", "5", "--device", "cpu"])
+    prompt = [tok.bos_id] + tok.encode("the bank")
+    assert sample.sample_one(Model(), tok, prompt, args, None, Out()) == (len(prompt), 2.0, 4, 2.0)
+
+
+def test_one_new_token_reports_the_prefill(tiny, capsys):
+    """--max_new_tokens 1: the token comes out of the prefill, whose speed is reported; no decode step ran."""
+    path, tok, model = tiny
+    res = run_sample(capsys, "--ckpt", path, "--start", "the bank", "--max_new_tokens", "1", "--temperature", "0")
+    assert res.out == greedy_text(model, tok, [tok.bos_id] + tok.encode("the bank"), 1)
+    n = len([tok.bos_id] + tok.encode("the bank"))
+    assert re.fullmatch(rf"sample.py: prefill {n} tokens at [\d,.]+ tok/s; decode 0 tokens at n/a", res.err.splitlines()[-1])
+
+
+def test_text_cut_by_non_finite_logits_ends_its_line(tiny, tmp_path, capsys):
+    """The prompt already written stays on a line of its own before the one-line error (a NaN from the first step)."""
+    ckpt = torch.load(tiny[0], weights_only=True)
+    ckpt["model"]["lm_head.weight"][5, 0] = float("nan")
+    torch.save(ckpt, tmp_path / "nan.pt")
+    with pytest.raises(SystemExit):
+        run_sample(capsys, "--ckpt", tmp_path / "nan.pt", "--start", "the bank", "--max_new_tokens", "3", "--temperature", "0")
+    assert capsys.readouterr().out == "the bank\n"
+
+
+def test_nan_temperature_is_refused_and_the_seed_range_is_torchs(capsys):
+    """--temperature nan would give NaN probabilities; the seeds torch.Generator takes, and only those, pass."""
+    with pytest.raises(SystemExit) as e:
+        sample.parse_args(["--temperature", "nan"])
+    assert e.value.code == 2 and "--temperature must be a finite number >= 0, got nan" in capsys.readouterr().err
+    for seed in (-2 ** 63, 2 ** 64 - 1):
+        assert sample.parse_args(["--seed", str(seed)]).seed == seed
+        torch.Generator().manual_seed(seed)
+
+
+def test_offloaded_tables_are_loaded_into_host_memory(tiny, monkeypatch):
+    """With --offload_tables the checkpoint is loaded on the CPU and only then offloaded to --device, so that the
+    tables never go to the device (checked with --device cuda as a name: nothing is moved here)."""
+    path, _, _ = tiny
+    loaded, offloaded, from_checkpoint = [], [], GPT.from_checkpoint
+    monkeypatch.setattr(GPT, "from_checkpoint", classmethod(
+        lambda cls, p, device="cpu": loaded.append(str(device)) or from_checkpoint.__func__(cls, p, "cpu")))
+    monkeypatch.setattr(GPT, "offload_tables", lambda self, device: offloaded.append(str(device)) or self)
+    sample.load(path, "cuda", offload_tables=True)
+    sample.load(path, "cuda")
+    assert loaded == ["cpu", "cuda"] and offloaded == ["cuda"]
 
 
 # ---------------------------------------------------------------------------- bench.py

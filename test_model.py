@@ -592,6 +592,16 @@ def test_a_full_cache_restarts_from_the_last_half_block(monkeypatch):
     assert prefills == [10, 16, 16, 16]  # the prompt, then 16 = 32 / 2 each time the 32 positions fill
 
 
+def test_the_cache_restarts_only_when_full(monkeypatch):
+    """Every cache but the last is used to its last position before generation restarts from the last half block."""
+    model = build(tiny("bov", block_size=32, window_pattern="L"))
+    caches, new_cache = [], GPT.new_cache
+    monkeypatch.setattr(GPT, "new_cache", lambda self, *a, **k: caches.append(new_cache(self, *a, **k)) or caches[-1])
+    model.generate(batch(model.config, B=1, T=10), 60, temperature=0)
+    # 10 + 22 positions, then 16 + 16 twice; the last: 16 + 2 (the 60th token is never fed)
+    assert [c.pos for c in caches] == [32, 32, 32, 18]
+
+
 def test_generation_without_cache_crops_to_the_last_block():
     """Past block_size, use_cache=False feeds the last block_size tokens: the greedy tokens of a
     loop of cropped full forwards."""
@@ -883,6 +893,47 @@ def test_the_row_cache_fetches_each_id_once_and_stays_small():
     for seed in range(3):  # started over per sequence: it holds the ids this sequence fed, however many came before
         out = model.generate(batch(model.config, B=1, T=40, seed=seed), 5, temperature=0)
         assert model.offload.used == len(set(out[0, :-1].tolist()))
+
+
+def test_streams_taking_turns_on_offloaded_tables_are_each_their_own():
+    """Two GPT.stream()s of one model with offloaded tables, stepped in turn: each yields the tokens it yields alone.
+    The second stream's reset() forgets the first's rows; the first's next step fetches them again (before, its bag
+    index read slot -1). Past block_size too, where a stream restarts its cache."""
+    model = build(tiny("bov", block_size=32))
+    a, b = batch(model.config, B=1, T=5, seed=1), batch(model.config, B=2, T=9, seed=2)
+    alone = [model.generate(p, 40, temperature=0) for p in (a, b)]
+    model.offload_tables("cpu")
+    streams, outs = [model.stream(p, 40, temperature=0) for p in (a, b)], [[a], [b]]
+    for _ in range(40):
+        for s, out in zip(streams, outs):
+            out.append(next(s))
+    for out, ref in zip(outs, alone):
+        assert torch.equal(torch.cat(out, dim=1), ref)
+    assert model.offload.epoch == 3  # __init__'s reset and each stream's
+
+
+def test_offloading_moves_everything_but_the_tables():
+    """offload_tables(device) moves every parameter and buffer but the value tables, the rotary tables included (the
+    meta device stands in for a GPU here: no data moves); the tables and their host copy stay in host memory."""
+    model = GPT(tiny("bov"))
+    model.offload_tables("meta")
+    where = {n: t.device.type for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    assert {"cos", "sin", "tables.0.weight"} <= set(where)
+    assert where == {n: "cpu" if n.startswith("tables.") else "meta" for n in where}
+    off = model.offload
+    assert (off.host.device.type, off.device_rows.device.type, off.slot.device.type) == ("cpu", "meta", "meta")
+
+
+def test_offloaded_rows_are_read_from_the_device_row_cache():
+    """Once prefetched, a row is read from the device row cache, never from the host tables again (the host copy is
+    zeroed here after the prefetch: the rows keep the values they crossed with)."""
+    model = build(tiny("bov"))
+    expected = [t.weight[[5, 3, 5]].clone() for t in model.tables]
+    model.offload_tables("cpu")
+    model.offload.prefetch(torch.tensor([[3, 5]]))
+    model.offload.host.zero_()
+    for t in range(len(model.tables)):
+        torch.testing.assert_close(model.offload.rows(t, torch.tensor([5, 3, 5])), expected[t], rtol=0, atol=0)
 
 
 def test_a_model_with_offloaded_tables_is_not_converted_after():
