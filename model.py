@@ -1013,7 +1013,7 @@ def checkpoints_below(folder, depth=3, most=5, folders=1000):
 
 def no_checkpoint(path):
     """Why there is no checkpoint file at path, in one line: a folder (naming the checkpoints below it),
-    or nothing there (naming the train.py command that writes it, for a path of train.py's out/SIZE_VARIANT)."""
+    or nothing there (naming the train.py command that writes it, for train.py's out/SIZE_VARIANT or its ckpt.pt)."""
     if os.path.isdir(path):
         found, whole = checkpoints_below(path)
         if found:
@@ -1021,10 +1021,12 @@ def no_checkpoint(path):
         where = "in or below it" if whole else "in it or in the first folders below it (a bounded search)"
         return f"{path} is a folder with no checkpoint (ckpt.pt) {where}; `python train.py` writes one"
     parts = os.path.normpath(path).split(os.sep)
-    if len(parts) >= 3 and parts[-3] == "out" and parts[-1] == "ckpt.pt":  # train.py's default --out_dir
-        size = next((s for s in SIZES if parts[-2].startswith(s + "_") and parts[-2][len(s) + 1:] in VARIANTS), None)
+    if parts[-1] == "ckpt.pt":
+        parts = parts[:-1]  # its run's folder, which may be given instead (--ckpt out/cpu_baseline)
+    if len(parts) >= 2 and parts[-2] == "out":  # train.py's default --out_dir
+        size = next((s for s in SIZES if parts[-1].startswith(s + "_") and parts[-1][len(s) + 1:] in VARIANTS), None)
         if size:
-            return (f"no checkpoint at {path}; `python train.py --size={size} --variant={parts[-2][len(size) + 1:]}` "
+            return (f"no checkpoint at {path}; `python train.py --size={size} --variant={parts[-1][len(size) + 1:]}` "
                     f"writes one")
     return f"no checkpoint at {path}; `python train.py` writes one"
 

@@ -834,7 +834,8 @@ def train_bpe_json(source, vocab_size, max_chars):
 
     def sample():
         nonlocal chars
-        with tqdm(desc="tokenizer text", unit="char", unit_scale=True) as bar:
+        # delay: no bar at all when the source gives no training text, so that its refusal stays one line
+        with tqdm(desc="tokenizer text", unit="char", unit_scale=True, delay=0.5) as bar:
             for i, text in source.rows():
                 if interrupted:  # Ctrl-C: stop feeding the trainer, so that it ends soon
                     return

@@ -778,6 +778,9 @@ def test_more_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
                               "--val_tokens, with --force)")):
         msg = prep("--source", source, *args, "--out_dir", tmp_path / "y")
         assert msg.startswith("prepare_data.py: error: ") and expected in msg and "\n" not in msg, msg
+    capsys.readouterr()
+    prep("--source", files("one.txt"), *args, "--out_dir", tmp_path / "z")
+    assert "tokenizer text" not in capsys.readouterr().err  # no empty progress bar before the one-line refusal
 
 
 def test_a_hub_stream_that_fails_midway_is_one_line(tmp_path, monkeypatch):

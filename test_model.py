@@ -1132,11 +1132,12 @@ def test_a_missing_checkpoint_names_a_train_py_command_only_for_its_own_out_dirs
     """out/SIZE_VARIANT/ckpt.pt names the command that writes it; any other path, or an unknown size or
     variant, names plain `python train.py` (a command that would write elsewhere, or be refused, helps no one)."""
     from model import no_checkpoint
-    for run, size, variant in (("cpu_bov", "cpu", "bov"), ("paper_135m_t1_r01", "paper_135m", "t1_r01")):
-        path = tmp_path / "out" / run / "ckpt.pt"
-        assert no_checkpoint(str(path)) == f"no checkpoint at {path}; `python train.py --size={size} --variant={variant}` writes one"
+    for run, size, variant in (("cpu_bov", "cpu", "bov"), ("paper_135m_t1_r01", "paper_135m", "t1_r01"),
+                               ("cpu_baseline", "cpu", "baseline")):
+        for path in (tmp_path / "out" / run / "ckpt.pt", tmp_path / "out" / run):  # the folder names the same run
+            assert no_checkpoint(str(path)) == f"no checkpoint at {path}; `python train.py --size={size} --variant={variant}` writes one"
     for path in (tmp_path / "runs" / "cpu_bov" / "ckpt.pt", tmp_path / "out" / "cpu_nope" / "ckpt.pt",
-                 tmp_path / "out" / "huge_bov" / "ckpt.pt"):
+                 tmp_path / "out" / "huge_bov" / "ckpt.pt", tmp_path / "out" / "cpu_bov" / "model.pt", tmp_path / "out"):
         assert no_checkpoint(str(path)) == f"no checkpoint at {path}; `python train.py` writes one"
 
 

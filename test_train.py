@@ -130,6 +130,11 @@ def test_nanogpts_names_are_answered_and_a_config_files_unknown_names_all_listed
                  "eval_iters", "wandb_log"):
         with pytest.raises(train.ConfigError, match=f"^unknown setting --{name}; nanoGPT's {name} is "):
             train.resolve_settings([f"--{name}=1"])
+    with pytest.raises(train.ConfigError) as e:  # not read as "init_from means resume", whatever it was given
+        train.resolve_settings(["--init_from=gpt2"])
+    assert str(e.value) == ("unknown setting --init_from; nanoGPT's init_from is --resume here for init_from='resume' (it "
+                            "continues the run in out_dir); 'scratch' is the default, and OpenAI's GPT-2 weights ('gpt2*') "
+                            "do not fit this model")
     config = tmp_path / "nanogpt_style.py"
     config.write_text("learning_rate = 6e-4\nbatch_size = 12\n")
     with pytest.raises(train.ConfigError, match=f"^unknown settings learning_rate, batch_size in config file {config}; "

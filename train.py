@@ -175,7 +175,8 @@ NANOGPT_NAMES = {
     "learning_rate": "matrix_lr (Muon), with embedding_lr, unembedding_lr, scalar_lr and table_lr (AdamW)",
     "min_lr": "final_lr_frac (a fraction of each peak rate)",
     "lr_decay_iters": "warmdown_frac (the schedule follows the budget)",
-    "init_from": "resume (--resume continues the run in out_dir)",
+    "init_from": "--resume here for init_from='resume' (it continues the run in out_dir); 'scratch' is the default, "
+                 "and OpenAI's GPT-2 weights ('gpt2*') do not fit this model",
     "eval_iters": "eval_tokens (a fixed validation slice)",
     "wandb_log": "not here: every evaluation goes to out_dir/metrics.jsonl, which `bench.py --plot` draws",
     "grad_clip": "not here: no clipping, as in nanochat (add torch.nn.utils.clip_grad_norm_ before opt.step() in run())",
