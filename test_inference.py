@@ -103,18 +103,20 @@ def test_text_is_streamed_while_tokens_are_sampled(tiny, monkeypatch, capsys):
     assert re.search(r"prefill \d+ tokens at [\d,.]+ tok/s; decode 23 tokens at [\d,.]+ tok/s", err)
 
 
+class Written(list):
+    """A stand-in for stdout that keeps what is written to it."""
+
+    def write(self, s):
+        self.append(s)
+
+    def flush(self):
+        pass
+
+
 def test_a_character_split_over_tokens_is_written_once_whole(tiny):
     _, tok, _ = tiny
-    written = []
-
-    class Out:
-        def write(self, s):
-            written.append(s)
-
-        def flush(self):
-            pass
-
-    stream = sample.TextStream(tok, Out())
+    written = Written()
+    stream = sample.TextStream(tok, written)
     byte_ids = [tok.enc.encode_single_token(bytes([b])) for b in "東".encode()]  # 3 one-byte tokens
     for i in byte_ids[:2]:
         stream.write([i])
@@ -442,16 +444,8 @@ def test_an_id_past_the_tokenizer_is_written_as_a_replacement_character(tiny):
     """A model whose vocabulary is padded past the tokenizer's may sample an id the tokenizer does not have: it
     comes out as U+FFFD, one per id, and the text goes on."""
     _, tok, _ = tiny
-    written = []
-
-    class Out:
-        def write(self, s):
-            written.append(s)
-
-        def flush(self):
-            pass
-
-    stream = sample.TextStream(tok, Out())
+    written = Written()
+    stream = sample.TextStream(tok, written)
     stream.write([tok.vocab_size + 3])
     stream.write([tok.vocab_size, tok.vocab_size + 1] + tok.encode("x"))
     stream.close()
@@ -471,16 +465,9 @@ def test_prefill_and_decode_times_are_split_at_the_first_token(tiny, monkeypatch
                 now[0] += 2.0 if step == 0 else 0.5
                 yield torch.tensor([[tok.encode("x")[0]]])
 
-    class Out:
-        def write(self, s):
-            pass
-
-        def flush(self):
-            pass
-
     args = sample.parse_args(["--max_new_tokens", "5", "--device", "cpu"])
     prompt = [tok.bos_id] + tok.encode("the bank")
-    assert sample.sample_one(Model(), tok, prompt, args, None, Out()) == (len(prompt), 2.0, 4, 2.0)
+    assert sample.sample_one(Model(), tok, prompt, args, None, Written()) == (len(prompt), 2.0, 4, 2.0)
 
 
 def test_one_new_token_reports_the_prefill(tiny, capsys):
