@@ -54,7 +54,8 @@ import time
 import weakref
 from dataclasses import fields, replace
 
-if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
+# Ctrl-C while torch loads (a second or more): exit 130, not a traceback (left ignored if it was, `cmd &`)
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 import torch
@@ -64,8 +65,8 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from torch.utils.weak import WeakIdKeyDictionary
 
 from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory
-from prepare_data import (ArgumentParser, atomic_write, json_lines, out_dir_problem, plural, reconfigure_stdout, silence_stdout,
-                          whole_number)
+from prepare_data import (ArgumentParser, atomic_write, handle_signals, json_lines, out_dir_problem, plural, reconfigure_stdout,
+                          silence_stdout, whole_number)
 from sample import autocast, check_device, keep_freed_memory, resolve_dtype
 
 PAPER_BUDGETS = {"paper_135m": 1.5e18, "paper_780m": 3.91e19}  # training FLOPs of the paper's runs
@@ -844,7 +845,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SystemExit: a PNG being written is removed
+    handle_signals({signal.SIGINT: signal.default_int_handler,  # loaded: Ctrl-C is a KeyboardInterrupt again
+                    signal.SIGTERM: lambda *_: sys.exit(143)})  # SystemExit: a PNG being written is removed
     reconfigure_stdout()
     main()

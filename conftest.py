@@ -17,6 +17,11 @@ import zipfile  # noqa: E402
 
 import pytest  # noqa: E402
 
+# The tests send Ctrl-Cs, in-process and to the scripts they start, and expect them handled as in a terminal. A pytest
+# started with SIGINT ignored (`pytest &` in a script, some CI runners) would pass that on to both, and the scripts
+# leave an ignored SIGINT ignored, as Python itself does (prepare_data.handle_signals): handle it here.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def finish(p, timeout=300):
     """The CompletedProcess of a Popen started with text pipes; past timeout it is killed and the test fails."""

@@ -46,7 +46,8 @@ import zipfile
 import zlib
 from collections import namedtuple
 
-if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
+# Ctrl-C while torch loads (a second or more): exit 130, not a traceback (left ignored if it was, `cmd &`)
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 import torch
@@ -54,8 +55,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import GPT, checkpoint_file, first_line, no_checkpoint, out_of_memory, unreadable_checkpoint
-from prepare_data import (ArgumentParser, DataError, connection_text, is_http_url, json_lines, not_utf8, reconfigure_stdout,
-                          silence_stdout, url_reachable, write_json)
+from prepare_data import (ArgumentParser, DataError, connection_text, handle_signals, is_http_url, json_lines, not_utf8,
+                          reconfigure_stdout, silence_stdout, url_reachable, write_json)
 from sample import autocast, check_device, checkpoint_tokenizer, float16_remedy, resolve_dtype
 
 EVAL_BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
@@ -529,7 +530,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SystemExit: finally blocks (the download's cleanup) run
+    handle_signals({signal.SIGINT: signal.default_int_handler,  # loaded: Ctrl-C is a KeyboardInterrupt again
+                    signal.SIGTERM: lambda *_: sys.exit(143)})  # SystemExit: finally blocks (the download's cleanup) run
     reconfigure_stdout()
     main()

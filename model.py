@@ -31,7 +31,8 @@ import zlib
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 
-if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
+# Ctrl-C while torch loads (a second or more): exit 130, not a traceback (left ignored if it was, `cmd &`)
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 import torch
@@ -1074,7 +1075,8 @@ def describe_presets(size):
 
 if __name__ == "__main__":
     import argparse
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # started ignored (`python model.py &`): stays so
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
     ap = argparse.ArgumentParser(allow_abbrev=False,
                                  description="List the model presets (sizes x variants) with parameters and FLOPs/token.")
     ap.add_argument("--size", default="paper_135m", choices=list(SIZES))

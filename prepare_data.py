@@ -57,7 +57,8 @@ import time
 import urllib.parse
 import urllib.request
 
-if __name__ == "__main__":  # Ctrl-C while numpy and tiktoken load: exit 130, not a traceback
+# Ctrl-C while numpy and tiktoken load: exit 130, not a traceback (left ignored if it was, `cmd &`)
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 import numpy as np
@@ -196,6 +197,13 @@ def out_dir_problem(path):
     except OSError as e:
         return f"cannot be made: {e.strerror}"
     return None if os.access(path, os.W_OK) else "is not writable"
+
+
+def handle_signals(handlers):
+    """signal.signal(sig, handler) for each of {sig: handler}, but a signal that this process started with ignored stays
+    ignored, as Python leaves SIGINT: a non-interactive shell starts `cmd &` with SIGINT ignored, so that a Ctrl-C
+    meant for the foreground job does not stop it. -> {sig: the handler replaced}, to restore with handle_signals."""
+    return {sig: signal.signal(sig, h) for sig, h in handlers.items() if signal.getsignal(sig) is not signal.SIG_IGN}
 
 
 def reconfigure_stdout(line_buffering=False):
@@ -852,12 +860,11 @@ def train_bpe_json(source, vocab_size, max_chars):
     # rustbpe swallows a KeyboardInterrupt raised while it trains (and then finishes on the text it
     # has): note the Ctrl-C ourselves, and raise it once the trainer returns
     main = threading.current_thread() is threading.main_thread()
-    old = signal.signal(signal.SIGINT, lambda *_: interrupted.append(1)) if main else None
+    previous = handle_signals({signal.SIGINT: lambda *_: interrupted.append(1)}) if main else {}
     try:
         bpe.train_from_iterator(sample(), vocab_size - 1, pattern=SPLIT_PATTERN)
     finally:
-        if main:
-            signal.signal(signal.SIGINT, old)
+        handle_signals(previous)
     if interrupted:
         raise KeyboardInterrupt
     if chars == 0:
@@ -1335,6 +1342,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
+    handle_signals({signal.SIGINT: signal.default_int_handler})  # loaded: Ctrl-C is a KeyboardInterrupt again
     reconfigure_stdout(line_buffering=True)
     main()

@@ -25,14 +25,15 @@ import signal
 import sys
 import time
 
-if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
+# Ctrl-C while torch loads (a second or more): exit 130, not a traceback (left ignored if it was, `cmd &`)
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 import torch
 
 from model import GPT, checkpoint_file, compile_failed, first_line
-from prepare_data import (ArgumentParser, DataError, load_tokenizer, plural, reconfigure_stdout, silence_stdout,
-                          tokenizer_sha256)
+from prepare_data import (ArgumentParser, DataError, handle_signals, load_tokenizer, plural, reconfigure_stdout,
+                          silence_stdout, tokenizer_sha256)
 
 SEPARATOR = "\n---------------\n"
 
@@ -321,6 +322,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
+    handle_signals({signal.SIGINT: signal.default_int_handler})  # loaded: Ctrl-C is a KeyboardInterrupt again
     reconfigure_stdout()
     main()

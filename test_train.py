@@ -1107,6 +1107,53 @@ def test_ctrl_c_during_a_save_waits_for_it():
         pass
 
 
+def test_a_signal_started_ignored_stays_ignored_during_a_save():
+    """A process started with SIGINT ignored (`python train.py &` in a script: Ctrl-C is for the foreground job) is not
+    stopped by a SIGINT during a checkpoint save (ctrl_c_after), and SIGINT stays ignored after it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        done = []
+        try:
+            with train.ctrl_c_after():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+                done.append(True)
+        except KeyboardInterrupt:
+            pytest.fail("the ignored SIGINT stopped the run after the save")
+        assert done == [True] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+SIGNALS_AT_EXIT = """
+import runpy, signal, sys
+start = getattr(signal, sys.argv[1])
+kind = lambda h: {signal.SIG_IGN: "ignored", signal.SIG_DFL: "default"}.get(h, "handled")
+for script in sys.argv[2:]:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, start)  # as the process would have started: ignored, or the default
+    sys.argv = [script, "--help"]
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit:
+        pass
+    print(script, *(kind(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM)), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("start", ["SIG_IGN", "SIG_DFL"])
+def test_the_scripts_leave_ignored_signals_ignored(start):
+    """Each script, started with SIGINT and SIGTERM ignored (a background job of a non-interactive shell ignores
+    SIGINT), leaves them ignored, as Python leaves SIGINT; started with the defaults, it handles SIGINT, and SIGTERM
+    where it has cleanup to do (train.py, bench.py, eval.py). Each script's --help, in one process."""
+    scripts = ["train.py", "sample.py", "eval.py", "bench.py", "model.py", "prepare_data.py"]
+    r = subprocess.run([sys.executable, "-c", SIGNALS_AT_EXIT, start, *scripts], cwd=HERE, capture_output=True, text=True,
+                       timeout=120)
+    term = lambda script: "handled" if script in ("train.py", "bench.py", "eval.py") else "default"
+    want = [f"{s} ignored ignored" if start == "SIG_IGN" else f"{s} handled {term(s)}" for s in scripts]
+    assert r.returncode == 0 and r.stderr.splitlines() == want, r.stderr
+
+
 def test_a_second_stop_signal_does_not_cut_the_cleanup_short():
     """As the script installs it, stop_signal raises once; the signals after it are ignored, so main()'s
     cleanup (a finally block here) runs to its end."""
@@ -1703,3 +1750,149 @@ def test_the_epoch_warning_names_the_step_that_crosses(data_dir, tmp_path, capsy
     train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", f"--max_iters={iters}",
                 "--eval_interval=100000", "--log_interval=100000"])
     assert f"WARNING: step {rows // 4 + 1} starts epoch 2 of" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------- from a fourth mutation audit of train.py
+
+def test_the_loops_schedule_takes_the_runs_warmdown_and_final_fraction(data_dir, tmp_path):
+    """L6, L7 (the loop's lr_multiplier called with the default final_lr_frac 0.05, or warmdown_frac 0.65, not
+    the run's: the unit tests of lr_multiplier and the dry run's note take the settings; the run did not)."""
+    out = tmp_path / "run"
+    train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=6", "--eval_interval=100",
+                "--warmdown_frac=0.5", "--final_lr_frac=0.5"])
+    # 2 warm-up steps, then the last round(0.5 x 6) = 3 steps warm down from 1 towards 0.5 (the record of step
+    # k + 1 holds the multiplier of the update k)
+    want = [0.5, 1.0, 1.0, 1.0, 0.5 + 0.5 * 2 / 3, 0.5 + 0.5 / 3]
+    assert [r["lrm"] for r in records(str(out), "train")] == pytest.approx(want)
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    for g in (g for opt in ckpt["optimizers"] for g in opt["param_groups"]):
+        assert g["lr"] == pytest.approx(g["initial_lr"] * want[-1]), g.get("name")
+
+
+def test_the_warmdown_length_is_rounded_to_the_nearest_step():
+    """L8 (math.ceil for round: 0.65 x 11 = 7.15 steps of warmdown taken as 8, one step of the peak lost)."""
+    f = lambda step: train.lr_multiplier(step, 11, 0, 0.65, 0.05)
+    assert f(3) == f(4) == 1.0  # 7 steps of warmdown: 4..10
+    assert f(5) == pytest.approx(0.05 + 0.95 * 6 / 7) and f(10) == pytest.approx(0.05 + 0.95 / 7)
+
+
+def test_evaluate_runs_under_the_runs_autocast_and_leaves_the_model_training():
+    """B6 (evaluate without its autocast: on CUDA the validation ran in fp32 while training ran in bf16, unlike
+    what --dtype says), B5 (model.train() not restored after the evaluation; nothing in the model depends on
+    it today, so the losses hide it)."""
+    V, T = 50, 8
+    model = GPT(GPTConfig.preset("cpu", "bov", n_layer=1, n_embd=16, n_head=2, vocab_size=V, block_size=T))
+    seen, forward = [], model.forward
+
+    def spy(*a, **k):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), model.training))
+        return forward(*a, **k)
+    model.forward = spy
+    rows = np.random.default_rng(0).integers(0, V, size=(4, T + 1))
+    autocast = train.sample_autocast(torch.device("cpu"), torch.bfloat16)
+    train.evaluate(model, rows, np.ones(V, dtype=np.int32), 2, torch.device("cpu"), autocast)
+    assert seen == [(True, torch.bfloat16, False)] * 2  # two batches, in bf16, in eval mode
+    assert model.training
+
+
+def test_bits_per_byte_leave_out_padded_targets():
+    """B3 (a padded target, -1, counted with the bytes of token 0), B4 (padded targets counted as tokens of the
+    val loss). Val rows are never padded today (val_rows cuts a stream), so these pin evaluate()'s masking
+    for whoever evaluates packed rows."""
+    V, T = 50, 8
+    model = GPT(GPTConfig.preset("cpu", "bov", n_layer=1, n_embd=16, n_head=2, vocab_size=V, block_size=T))
+    torch.nn.init.zeros_(model.lm_head.weight)  # uniform: ln V nats on every target
+    rows = np.random.default_rng(0).integers(1, V, size=(4, T + 1))
+    rows[1, 5:] = -1  # a padded row: 4 targets of 8
+    rows[3, 2:] = -1
+    token_bytes = np.full(V, 3, dtype=np.int32)
+    token_bytes[5::5] = 0  # zero-byte tokens, like the special ones
+    token_bytes[0] = 7  # what a padded target is clamped to: counted, it would add 7 bytes
+    r = train.evaluate(model, rows, token_bytes, 2, torch.device("cpu"), train.nullcontext())
+    targets = rows[:, 1:][rows[:, 1:] >= 0]
+    assert r["val_loss"] == pytest.approx(math.log(V))
+    text = token_bytes[targets] > 0
+    assert r["val_bpb"] == pytest.approx(text.sum() * math.log(V) / math.log(2) / token_bytes[targets].sum())
+
+
+def test_each_epoch_packs_its_own_shuffle_of_the_documents():
+    """D1 (the documents packed in corpus order every epoch, only the finished rows shuffled: every epoch holds
+    the same rows, a short document always beside the same neighbours)."""
+    loader = train.Batches([np.concatenate(random_docs(4, (1, 12)))], 0, 16, seed=0)
+    def rows(epoch):
+        ptr, segs = loader.plan(epoch)
+        return sorted(tuple(map(tuple, segs[ptr[r]:ptr[r + 1]].tolist())) for r in range(len(ptr) - 1))
+    assert rows(0) != rows(1)
+
+
+def test_a_checkpoint_at_a_negative_step_is_refused(data_dir, tmp_path, monkeypatch):
+    """C1 (`0 <=` dropped from the step check: a damaged step -1 resumed and trained one step past the plan)."""
+    out = tmp_path / "run"
+    args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=2"]
+    train.main(args)
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    ckpt["step"] = -1
+    torch.save(ckpt, out / "ckpt.pt")
+    monkeypatch.setattr(train, "load_data", None)  # refused before the data is loaded
+    with pytest.raises(train.ConfigError, match=r"is at step -1, outside this run's 0\.\.2 iterations; it is damaged$"):
+        train.main([*args, "--resume"])
+
+
+def test_the_plan_prints_its_numbers(capsys):
+    """P1 (the plan's FLOPs from the iterations, not the tokens), P3 (tokens from 1e8 to 1e9 shown in millions),
+    P4 (the dense parameters' short form from the matrix weights)."""
+    train.main(["--size=paper_135m", "--variant=baseline", "--max_iters=200", "--dry_run", "--data_dir=/nonexistent"])
+    out = capsys.readouterr().out
+    assert "plan: paper_135m / baseline: 135,266,304 dense parameters (135.3M) + 0 in value tables; target layers none\n" in out
+    # 759,693,312 FLOPs/token x 104,857,600 tokens = 7.966e16; 104,857,600 / 110.10M matrix weights = 0.952
+    assert ("plan: --max_iters -> 200 iterations, 104,857,600 tokens (0.10B), 7.97e+16 FLOPs, tokens:params 0.952 "
+            "(over the 110.10M matrix weights, Table 6's base)\n") in out
+
+
+def test_the_plan_counts_tokens_over_all_ranks(data_dir):
+    """P5 (tokens = iterations x total_batch_tokens x ranks: total_batch_tokens is a step's over all ranks already,
+    so under torchrun the plan, and the epoch warning, would count each token once per rank)."""
+    s, overrides = train.resolve_settings([*TINY, f"--data_dir={data_dir}", "--max_iters=3", "--total_batch_tokens=256",
+                                           "--dry_run"])
+    lines = []
+    *_, iters, tokens, accum = train.plan(s, overrides, 2, lines.append)
+    assert (iters, tokens, accum) == (3, 768, 1)
+    assert any(l.startswith("plan: --max_iters -> 3 iterations, 768 tokens (0.00M)") for l in lines)
+
+
+def test_the_default_cpu_run_stays_within_one_epoch_of_shakespeare():
+    """E6 (the cpu size's budget or batch raised past Shakespeare's epoch: the default run, the README's, would train
+    into a second epoch, which the paper's regime is not). test_data.test_shakespeare_default: more than 1M train tokens."""
+    from model import VARIANTS
+    for variant in VARIANTS:
+        s, overrides = train.resolve_settings([f"--variant={variant}", "--data_dir=/nonexistent", "--dry_run"])
+        *_, tokens, _ = train.plan(s, overrides, 1, lambda *a: None)
+        assert 400_000 < tokens < 1_000_000, variant
+
+
+def test_a_moved_project_with_data_prepared_again_is_told_so(data_dir, tmp_path, monkeypatch):
+    """C7 (the run's relative --data_dir not compared with the checkpoint's: a project moved elsewhere, its data
+    prepared again, was told it read other data than the checkpoint's old absolute path, not that the data in
+    its own --data_dir was prepared again)."""
+    monkeypatch.chdir(os.path.dirname(data_dir))
+    out = tmp_path / "run"
+    args = [*TINY, f"--data_dir={os.path.basename(data_dir)}", f"--out_dir={out}", "--max_iters=1"]
+    train.main(args)
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    ckpt["data_dir"] = "/moved/away/" + os.path.basename(data_dir)  # where the project was
+    ckpt["data_counts"] = dict(ckpt["data_counts"], train_tokens=5)
+    torch.save(ckpt, out / "ckpt.pt")
+    with pytest.raises(train.ConfigError, match=r"^--resume: the data in \S+ is not the data .* \(train_tokens 5 there"):
+        train.main([*args, "--resume"])
+
+
+def test_a_step_that_reads_one_row_of_the_next_epoch_is_warned_of(data_dir, tmp_path, capsys):
+    """E7 (the warning only once the step has read more than one row of the new epoch): the crossing step here
+    reads the last rows of the first epoch and a single row of the second."""
+    meta = load_meta(data_dir)
+    rows = train.Batches(load_tokens(data_dir, "train"), meta["bos_id"], 32, 3).rows_per_epoch()
+    b = next(b for b in range(2, 12) if rows % b == b - 1)
+    train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", f"--max_iters={rows // b + 1}",
+                f"--device_batch_size={b}", f"--total_batch_tokens={b * 32}", "--eval_interval=100000",
+                "--log_interval=100000"])
+    assert f"WARNING: step {rows // b + 1} starts epoch 2 of" in capsys.readouterr().out

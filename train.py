@@ -34,7 +34,8 @@ import threading
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, fields
 
-if __name__ == "__main__":  # Ctrl-C while torch loads (a second or more): exit 130, not a traceback
+# Ctrl-C while torch loads (a second or more): exit 130, not a traceback (left ignored if it was, `cmd &`)
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 import numpy as np
@@ -42,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory, unreadable_checkpoint
-from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, being_written, load_meta, load_token_bytes,
+from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, being_written, handle_signals, load_meta, load_token_bytes,
                           load_tokenizer, load_tokens, lock_folder, missing_top, out_dir_problem, prepare_command,
                           reconfigure_stdout, remove_unused, silence_stdout, tokenizer_sha256, whole_number, write_json)
 from sample import UNKNOWN_DEVICE, autocast as sample_autocast, check_device, keep_freed_memory
@@ -577,12 +578,11 @@ def ctrl_c_after():
         yield
         return
     caught = []
-    previous = {sig: signal.signal(sig, lambda signum, _: caught.append(signum)) for sig in STOP_SIGNALS}
+    previous = handle_signals({sig: lambda signum, _: caught.append(signum) for sig in STOP_SIGNALS})  # (not an ignored one)
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        handle_signals(previous)
     if caught:
         stop_signal(caught[0], None)
 
@@ -667,12 +667,11 @@ def setup_device(s):
         # Blocked in here, waiting for a rank that failed, a process cannot run Python's signal handlers, and
         # torchrun's SIGTERM would wait 30 s for its SIGKILL: the default handlers stop it at once (nothing is
         # held or written yet).
-        handlers = {sig: signal.signal(sig, signal.SIG_DFL) for sig in STOP_SIGNALS}
+        handlers = handle_signals({sig: signal.SIG_DFL for sig in STOP_SIGNALS})
         try:
             dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
         finally:
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
+            handle_signals(handlers)
     return dev
 
 
@@ -1130,8 +1129,8 @@ def usage():
 
 
 if __name__ == "__main__":
-    for sig in STOP_SIGNALS:  # loaded: Ctrl-C (and SIGTERM) stop the run through main()'s cleanup, in one line
-        signal.signal(sig, stop_signal)
+    # loaded: Ctrl-C (and SIGTERM) stop the run through main()'s cleanup, in one line
+    handle_signals({sig: stop_signal for sig in STOP_SIGNALS})
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
         try:
             print(usage(), flush=True)
