@@ -129,16 +129,19 @@ def lock_folder(folder, exclusive, busy):
     of a killed one): exclusive for a writer (prepare_data.py in its --out_dir, train.py in its
     --out_dir), shared for a reader (train.py on its data). DataError(busy) if another process holds a
     lock that conflicts (any lock, against an exclusive one; an exclusive one, against a shared one).
-    Returns the open lock file, to be kept; None for a folder where no lock file can be made (read-only:
-    nobody writes there either)."""
+    Returns the open lock file, to be kept; None for a read-only folder where no lock file can be made (nobody
+    writes there either). DataError for a writable folder whose lock file cannot be opened (a folder by that name,
+    an unreadable file): the folder would go unlocked."""
     path = os.path.join(folder, LOCK)
     try:
         f = open(path, "a")
     except OSError:
         try:
             f = open(path)
-        except OSError:
-            return None
+        except OSError as e:
+            if not os.access(folder, os.W_OK):
+                return None
+            raise DataError(f"cannot open the lock file {path} ({e.strerror or e}); remove it, if no run is using {folder}") from None
     try:
         fcntl.flock(f, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -1,12 +1,14 @@
 """Tests for prepare_data.py: the whole pipeline on a small local corpus, plus Shakespeare.
 Run: python -m pytest -q test_data.py"""
 
+import base64
 import errno
 import glob
 import hashlib
 import json
 import os
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -1245,3 +1247,266 @@ def test_sample_names_ours_for_nanogpts_flags(args, hint, capsys):
     with pytest.raises(SystemExit) as e:
         sample.main(args)
     assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(f".py: error: {hint}")
+
+
+# from a third mutation audit of prepare_data.py: the lock, the state checks, the sources' errors, the printed numbers
+
+def test_force_under_a_reader_is_refused_and_removes_nothing(corpus, tmp_path, capsys):
+    """--force needs the folder to itself: under a train.py's shared lock it is refused at once, before a tokenizer
+    is trained and with every file kept (a shared lock, as a plain rerun takes, would let it delete the data being
+    read). The rerun refused under a reader prints nothing of a start-over it does not make (unreadable tokenizer files)."""
+    pattern, _, good = corpus
+    out = tmp_path / "d"
+    shutil.copytree(good, out)
+    busy = (f"prepare_data.py: error: {out} is in use: another prepare_data.py is writing it, or a train.py is reading it; "
+            f"wait for it to end")
+    before = snapshot(out)
+    with pd.lock_folder(str(out), False, "busy"):
+        assert prep("--source", "files:" + pattern, "--out_dir", out, *FILES_ARGS, "--force") == busy
+        assert snapshot(out) == before
+        (out / "token_bytes.npy").write_bytes(b"")  # a rerun alone would start over
+        capsys.readouterr()
+        assert prep("--source", "files:" + pattern, "--out_dir", out, *FILES_ARGS) == busy
+        assert capsys.readouterr().out == ""
+
+
+def test_a_failed_run_removes_only_the_folders_it_made(tmp_path):
+    """A run that fails after making --out_dir removes the folders it made, not an (empty) one that was there."""
+    args = small_corpus(tmp_path)
+    (tmp_path / "mine").mkdir()
+    assert "only supports" in prep(*args[:2], "--vocab_size", 200000, "--out_dir", tmp_path / "mine" / "new" / "data")
+    assert os.listdir(tmp_path / "mine") == []
+
+
+def test_more_damaged_state_files_are_refused_in_one_line(corpus, tmp_path):
+    """meta.json / progress.json that are JSON but not what prepare_data.py writes: a shard entry without a file
+    name, a shard list that is not a list, no config (or not a dict), no token_bytes name, a bos_id the tokenizer
+    does not have, an int64 token_bytes.npy: each a DataError naming the file, never a traceback."""
+    pattern, _, good = corpus
+    out = tmp_path / "d"
+    shutil.copytree(good, out)
+    meta_json = out / "meta.json"
+    meta = json.loads(meta_json.read_text())
+    rerun = lambda: prep("--source", "files:" + pattern, "--out_dir", out, *FILES_ARGS)
+
+    def said(call):  # the rerun's exit message, or the loading API's DataError
+        try:
+            return call()
+        except pd.DataError as e:
+            return str(e)
+    for edit, call, message in (
+            (dict(train_shards=meta["train_shards"] + [{"tokens": 5}]), lambda: pd.load_tokens(out, "train"),
+             f"{meta_json} lists a train shard without a file name and token count; re-run prepare_data.py with --force"),
+            (dict(val_shards={}), rerun, f"prepare_data.py: error: {meta_json} lists a val shard without a file name and "
+                                         f"token count; pass --force to rebuild {out}"),
+            (dict(config=None), rerun, f"prepare_data.py: error: {meta_json} is not a prepare_data.py state file; pass "
+                                       f"--force to rebuild {out}"),
+            ({"token_bytes": None}, lambda: pd.load_token_bytes(out),
+             f"{meta_json} has no token_bytes (or not a str); re-run prepare_data.py with --force"),
+            (dict(bos_id=0), lambda: pd.load_tokenizer(out),
+             f"{out / 'tokenizer.json'} does not match {out}/meta.json; re-run prepare_data.py with --force")):
+        meta_json.write_text(json.dumps(dict(meta, **edit)))
+        assert said(call) == message
+        meta_json.write_text(json.dumps(meta))
+    no_config = {k: v for k, v in meta.items() if k != "config"}
+    meta_json.write_text(json.dumps(no_config))
+    assert rerun() == f"prepare_data.py: error: {meta_json} is not a prepare_data.py state file; pass --force to rebuild {out}"
+    meta_json.write_text(json.dumps(meta))
+    np.save(out / "token_bytes.npy", pd.load_token_bytes(out).astype(np.int64))
+    with pytest.raises(pd.DataError) as e:
+        pd.load_token_bytes(out)
+    assert str(e.value) == (f"{out / 'token_bytes.npy'} has shape (512,) int64, expected (512,) int32; "
+                            f"re-run prepare_data.py with --force")
+
+
+def test_a_users_tokenizer_json_is_not_taken_for_ours(tmp_path):
+    """A Hugging Face tokenizer.json (a JSON object, but not ours) in a folder without a state file is the user's:
+    refused, not removed as an interrupted run's."""
+    args = small_corpus(tmp_path)
+    d = tmp_path / "d"
+    d.mkdir()
+    theirs = json.dumps({"version": "1.0", "added_tokens": [], "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})
+    (d / "tokenizer.json").write_text(theirs)
+    msg = prep(*args, "--out_dir", d)
+    assert msg.startswith(f"prepare_data.py: error: {d / 'tokenizer.json'} was not written by prepare_data.py"), msg
+    assert (d / "tokenizer.json").read_text() == theirs
+
+
+def test_the_gpt2_ranks_are_stored_by_id_and_a_trainer_with_holes_is_refused(tmp_path, monkeypatch):
+    """tokenizer.json lists token bytes by id: tiktoken's gpt2 ranks are sorted by rank whatever their dict order.
+    A BPE trainer whose ranks skip an id is refused (its ids would shift), not stored."""
+    import rustbpe
+    import tiktoken_ext.openai_public as openai_public
+    ranks = [bytes([i]) for i in range(256)] + [b"ab", b"cd"]
+    fake = {"name": "gpt2", "pat_str": openai_public.r50k_pat_str, "special_tokens": {"<|endoftext|>": len(ranks)},
+            "mergeable_ranks": {b: i for i, b in reversed(list(enumerate(ranks)))}}
+    monkeypatch.setattr(openai_public, "gpt2", lambda: fake)
+    monkeypatch.setattr(pd, "_gpt2_cached", lambda: True)
+    tok = pd.gpt2_tokenizer_json()
+    assert [base64.b64decode(r) for r in tok["ranks"]] == ranks and tok["bos_id"] == 258
+
+    class Holes:  # 257 ranks, as asked, but 255 is missing
+        def train_from_iterator(self, texts, vocab_size, pattern):
+            for _ in texts:
+                pass
+
+        def get_mergeable_ranks(self):
+            return [(bytes([i]), i) for i in range(256) if i != 255] + [(b"\xff", 256), (b"ab", 257)]
+    monkeypatch.setattr(rustbpe, "Tokenizer", Holes)
+    args = small_corpus(tmp_path)
+    msg = prep(*args[:2], "--vocab_size", 258, "--val_tokens", 500, "--out_dir", tmp_path / "d")
+    assert msg == "prepare_data.py: error: the training text only supports 258 tokens, not --vocab_size=258; lower " \
+                  "--vocab_size or use more text"
+
+
+def test_more_bad_rows_and_files_are_one_line(tmp_path):
+    """A .jsonl row that is not an object (a string that contains the column's name), a parquet column of numbers or
+    without the column, a file of another type: one line each."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    (tmp_path / "str.jsonl").write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps("a text, not an object") + "\n")
+    pq.write_table(pa.table({"text": [1, 2, 3]}), tmp_path / "int.parquet")
+    pq.write_table(pa.table({"body": ["fine", "also fine"]}), tmp_path / "body.parquet")
+    (tmp_path / "rows.csv").write_text("text\nfine\n")
+    files = lambda name: "files:" + str(tmp_path / name)
+    for source, expected in ((files("str.jsonl"), f"{tmp_path / 'str.jsonl'}:2: no 'text' field (set --column)"),
+                             (files("int.parquet"), f"{files('int.parquet')}: column 'text' holds int, not text"),
+                             (files("body.parquet"), f"{tmp_path / 'body.parquet'}: no column 'text' (has ['body']; set --column)"),
+                             (files("*"), f"{tmp_path / 'rows.csv'}: unsupported file type (use .txt/.md, .jsonl or .parquet)")):
+        assert prep("--source", source, "--vocab_size", 300, "--out_dir", tmp_path / "out") == f"prepare_data.py: error: {expected}"
+        assert not (tmp_path / "out").exists()
+
+
+class HubStream:
+    """What datasets.load_dataset(..., streaming=True) returns, for the rows given."""
+    def __init__(self, rows):
+        self.rows = rows
+        self.column_names = list(rows[0])
+
+    def select_columns(self, columns):  # as datasets': a column it does not have is a ValueError
+        if not set(columns) <= set(self.column_names):
+            raise ValueError(f"Column(s) {columns} not in the dataset")
+        return [{c: row[c] for c in columns} for row in self.rows]
+
+
+def test_the_hub_source_asks_for_its_name_config_and_split(tmp_path, monkeypatch):
+    """hf:NAME[:CONFIG] and --hf_split reach load_dataset (streamed); a column the dataset lacks, numbers where text
+    should be, and hf: without a name are one line each, before anything is written."""
+    import datasets
+    asked, rows = [], [{"text": f"document {i} " * 30, "n": i} for i in range(12)]
+    monkeypatch.setattr(pd, "_check_hub", lambda: None)
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: asked.append((a, k)) or HubStream(rows))
+    args = ("--vocab_size", 257, "--val_tokens", 100)
+    assert prep("--source", "hf:someone/data:cfg", "--hf_split", "validation", *args, "--out_dir", tmp_path / "h") is None
+    assert asked[0] == (("someone/data", "cfg"), {"split": "validation", "streaming": True})
+    assert pd.load_meta(tmp_path / "h")["train_docs"] + pd.load_meta(tmp_path / "h")["val_docs"] == 12
+    asked.clear()
+    for source, column, expected in (
+            ("hf:someone/data", "body", "someone/data has no column 'body' (has ['text', 'n']; set --column)"),
+            ("hf:someone/data", "n", "hf:someone/data: column 'n' holds int, not text"),
+            ("hf:", "text", "--source=hf:NAME needs a dataset name, e.g. hf:roneneldan/TinyStories")):
+        assert prep("--source", source, "--column", column, *args, "--out_dir", tmp_path / "x") == \
+            f"prepare_data.py: error: {expected}"
+        assert not (tmp_path / "x").exists()
+    assert [a for a, _ in asked] == [("someone/data", None)] * 2  # no config: None, not ''; hf: never reached the hub
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--source=files:x", "--hf_split=test"], "--hf_split applies to hf: sources only"),
+    (["--source=climbmix", "--hf_split=test"], "--hf_split applies to hf: sources only"),
+    (["--source=climbmix", "--column=body"], "--column applies to hf: and files: sources, not climbmix"),
+    (["--column=body"], "--column applies to hf: and files: sources, not shakespeare"),
+    (["--source=files:x", "--tokenizer=gpt2", "--vocab_size=1000"], "--tokenizer=gpt2 has a fixed vocab of 50257; drop --vocab_size"),
+    (["--source=files:x", "--tokenizer=gpt2", "--tokenizer_chars=1000"], "--tokenizer_chars applies to --tokenizer=bpe only"),
+    (["--vocab_size=256"], "--vocab_size must be at least 257 (256 bytes + bos) and at most 2^32 (uint32 token ids)")])
+def test_flags_that_do_not_apply_are_refused(argv, expected):
+    with pytest.raises(pd.DataError) as e:
+        pd.resolve_config(pd.parse_args(argv))
+    assert str(e.value) == expected
+
+
+def test_each_sources_defaults():
+    """The paper's climbmix numbers (vocab 32768, 2.2e9 train / 41.9e6 val tokens), and each source's folder:
+    an hf: dataset's is named after the dataset, without its owner, config or a trailing slash."""
+    def config(*argv):
+        c, out = pd.resolve_config(pd.parse_args(list(argv)))
+        return out, c["vocab_size"], c["train_tokens"], c["val_tokens"], c["hf_split"], c["column"]
+    assert config("--source=climbmix") == ("data/climbmix", 32768, 2_200_000_000, 41_900_000, "train", "text")
+    assert config() == ("data/shakespeare", 4096, None, None, None, None)
+    assert config("--source=files:x") == ("data/files", 32768, None, 1_000_000, None, "text")
+    assert config("--source=hf:roneneldan/TinyStories:cfg") == ("data/TinyStories", 32768, None, 1_000_000, "train", "text")
+    assert config("--source=hf:/datasets/mine/")[0] == "data/mine"
+    assert config("--source=files:x", "--tokenizer=gpt2")[1] == 50257
+
+
+def test_atomic_write_syncs_then_renames_and_keeps_the_old_file_on_a_failure(tmp_path, monkeypatch):
+    path = str(tmp_path / "meta.json")
+    events, fsync, replace = [], os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))), fsync(fd)))
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", a, b)), replace(a, b)))
+    pd.write_json(path, {"old": 1})
+    assert events == [("fsync", path + ".tmp"), ("replace", path + ".tmp", path)]
+    monkeypatch.undo()
+
+    def fails(f):
+        f.write(b"half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    with pytest.raises(OSError):
+        pd.atomic_write(path, fails)
+    assert json.loads(open(path).read()) == {"old": 1} and os.listdir(tmp_path) == ["meta.json"]
+
+
+def test_the_numbers_a_preparation_prints(tmp_path, capsys):
+    """The summary lines: the tokenizer's vocabulary, each split's tokens and documents, the UTF-8 megabytes encoded,
+    what a rerun finds; no 'ran out' note when a budget is met exactly, the train one when it is not."""
+    with open(tmp_path / "docs.jsonl", "w") as f:  # val candidates: 'x' (2 tokens with bos); training rows: 37,501 tokens
+        for i in range(8):
+            f.write(json.dumps({"text": "x" if i % 2 == 0 else "é " * 12500}) + "\n")
+    args = ("--source", f"files:{tmp_path / 'docs.jsonl'}", "--vocab_size", 257, "--val_tokens", 4)
+    out = tmp_path / "out"
+    assert prep(*args, "--out_dir", out) is None
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"trained BPE tokenizer, vocab 257, in \d+\.\ds", lines[0]), lines
+    assert re.fullmatch(rf"prepared {re.escape(str(out))}: 150,008 train tokens \(6 docs\), 4 val tokens \(2 docs\) "
+                        rf"in \d+\.\ds, encoded 0\.2 MB at \d+\.\d MB/s", lines[-1]), lines
+    assert len(lines) == 2  # val met exactly, train unbounded: no note
+    assert prep(*args, "--out_dir", out) is None
+    assert capsys.readouterr().out == f"{out} is already prepared (150,008 train / 4 val tokens); nothing to do\n"
+    assert prep(*args, "--train_tokens", 10 ** 6, "--out_dir", tmp_path / "more") is None
+    assert ("note: the source ran out: train has 150,008 tokens, not the 1,000,000 asked for (see --train_tokens)"
+            in capsys.readouterr().out.splitlines())
+
+
+def test_a_resumed_progress_bar_counts_the_documents_already_done(tmp_path, monkeypatch, capsys):
+    """The encode bar's 'N docs' counts the split's documents, those of the shards a resume kept included."""
+    pattern, _ = write_corpus(tmp_path)
+    args = ("--source", "files:" + pattern, *FILES_ARGS, "--out_dir", tmp_path / "d")
+    calls, write_shard = [], pd.write_shard
+
+    def dies_on_third(path, tokens):
+        calls.append(path)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        write_shard(path, tokens)
+    monkeypatch.setattr(pd, "write_shard", dies_on_third)
+    assert prep(*args) == 130
+    monkeypatch.setattr(pd, "write_shard", write_shard)
+    capsys.readouterr()
+    assert prep(*args) is None
+    shown = re.findall(r"encode train[^\r\n]*?(\d+) docs", capsys.readouterr().err)
+    assert shown and int(shown[-1]) == pd.load_meta(tmp_path / "d")["train_docs"]
+
+
+def test_a_lock_file_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch):
+    """A writable out_dir whose .lock cannot be opened (a folder by that name here) is refused before any work: the
+    run went unlocked and ended in an AttributeError traceback after writing meta.json. A read-only folder (os.access
+    stands in for one: the tests run as root) takes no lock: nobody writes there."""
+    out = tmp_path / "d"
+    (out / ".lock").mkdir(parents=True)
+    msg = prep(*small_corpus(tmp_path), "--out_dir", out)
+    assert msg == (f"prepare_data.py: error: cannot open the lock file {out / '.lock'} (Is a directory); remove it, if no "
+                   f"run is using {out}")
+    assert sorted(os.listdir(out)) == [".lock"]
+    real_access = os.access
+    monkeypatch.setattr(pd.os, "access", lambda path, mode: mode != os.W_OK and real_access(path, mode))
+    assert pd.lock_folder(str(out), False, "busy") is None
