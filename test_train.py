@@ -244,7 +244,7 @@ def test_lr_schedule():
     assert f(0) == 1 / 40 and f(39) == 1.0 and f(64) == 1.0
     assert f(65) == pytest.approx(1.0) and f(100) == pytest.approx(0.05)
     assert f(82) == pytest.approx(0.05 + 0.95 * 18 / 35)
-    # a warmdown of 0.35 x 10 = 3.5 steps is 4 (rounded, not cut to 3): step 7 is a quarter into it (mutant L1)
+    # a warmdown of 0.35 x 10 = 3.5 steps is 4 (Python's round, to the even neighbour, not cut to 3): step 7 is a quarter into it (mutant L1)
     assert train.lr_multiplier(7, 10, 0, 0.35, 0.05) == pytest.approx(0.7625)
 
 

@@ -298,7 +298,7 @@ def lr_multiplier(step, total, warmup, warmdown_frac, final_frac):
     """Linear warmup, constant, then linear warmdown over the last warmdown_frac to final_frac (Table 6)."""
     if step < warmup:
         return (step + 1) / warmup
-    warmdown = round(warmdown_frac * total)
+    warmdown = round(warmdown_frac * total)  # Python's round: a half goes to the even neighbour (3.5 -> 4, 6.5 -> 6)
     if step < total - warmdown:
         return 1.0
     progress = (total - step) / max(warmdown, 1)  # 1 -> 0 over the warmdown
