@@ -873,9 +873,12 @@ def train_bpe_json(source, vocab_size, max_chars):
     if chars == 0:
         raise DataError(f"{source.spec} gave no training text for the tokenizer: {two_documents(source.spec)}")
     ranks = sorted(bpe.get_mergeable_ranks(), key=lambda kv: kv[1])
-    if len(ranks) != vocab_size - 1 or [r for _, r in ranks] != list(range(vocab_size - 1)):
+    if len(ranks) != vocab_size - 1:
         raise DataError(f"the training text only supports {len(ranks) + 1} tokens, not --vocab_size={vocab_size}; "
                         f"lower --vocab_size or use more text")
+    if [r for _, r in ranks] != list(range(vocab_size - 1)):  # ids would shift: not the trainer's tokens
+        raise DataError(f"rustbpe returned token ids that are not 0..{vocab_size - 2}; install the version that "
+                        f"requirements.txt pins")
     print(f"trained BPE tokenizer, vocab {vocab_size}, in {time.time() - t0:.1f}s")
     return _tokenizer_json("bpe", SPLIT_PATTERN, [bytes(b) for b, _ in ranks], BOS, vocab_size - 1)
 
