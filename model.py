@@ -550,10 +550,15 @@ class TableOffload:
     def fetch(self, ids, cache=None):
         """prefetch, always eager."""
         ids = ids.reshape(-1)
-        if cache is not None and cache.rows_epoch != self.epoch:  # a new cache, or one filled before the last reset
-            if cache.ids is not None:  # its earlier positions read their rows again (V-free layers, at every step)
-                ids = torch.cat([cache.ids[:, :cache.pos].reshape(-1).to(ids.dtype), ids])
+        stale = cache is not None and cache.rows_epoch != self.epoch  # a new cache, or one filled before the last reset
+        if stale and cache.ids is not None:  # its earlier positions read their rows again (V-free layers, at every step)
+            ids = torch.cat([cache.ids[:, :cache.pos].reshape(-1).to(ids.dtype), ids])
+        self._fetch(ids)
+        if stale:  # only once its rows are there: a fetch that failed (out of memory, Ctrl-C) is made again next time
             cache.rows_epoch = self.epoch
+
+    def _fetch(self, ids):
+        """Copy the rows of the ids (1-D) that are not on the device yet into the row cache."""
         # one device -> host copy of the ids (on CUDA it waits for them); the rest is decided on the host, and what
         # goes to the device goes non_blocking from pinned memory, so the host goes on queueing the layers (a unique
         # or a mask on the device, or a copy from pageable memory, would wait for the GPU)
@@ -1015,21 +1020,21 @@ def checkpoints_below(folder, depth=3, most=5, folders=1000):
 def no_checkpoint(path):
     """Why there is no checkpoint file at path, in one line: a folder (naming the checkpoints below it),
     or nothing there (naming the train.py command that writes it, for train.py's out/SIZE_VARIANT or its ckpt.pt)."""
+    parts = os.path.normpath(path).split(os.sep)
+    if parts[-1] == "ckpt.pt":
+        parts = parts[:-1]  # its run's folder, which may be given instead (--ckpt out/cpu_baseline)
+    command = "`python train.py`"
+    if len(parts) >= 2 and parts[-2] == "out":  # train.py's default --out_dir
+        size = next((s for s in SIZES if parts[-1].startswith(s + "_") and parts[-1][len(s) + 1:] in VARIANTS), None)
+        if size:
+            command = f"`python train.py --size={size} --variant={parts[-1][len(size) + 1:]}`"
     if os.path.isdir(path):
         found, whole = checkpoints_below(path)
         if found:
             return f"{path} is a folder without ckpt.pt; checkpoints below it: {', '.join(found[:4])}{', ...' * (len(found) > 4)}"
         where = "in or below it" if whole else "in it or in the first folders below it (a bounded search)"
-        return f"{path} is a folder with no checkpoint (ckpt.pt) {where}; `python train.py` writes one"
-    parts = os.path.normpath(path).split(os.sep)
-    if parts[-1] == "ckpt.pt":
-        parts = parts[:-1]  # its run's folder, which may be given instead (--ckpt out/cpu_baseline)
-    if len(parts) >= 2 and parts[-2] == "out":  # train.py's default --out_dir
-        size = next((s for s in SIZES if parts[-1].startswith(s + "_") and parts[-1][len(s) + 1:] in VARIANTS), None)
-        if size:
-            return (f"no checkpoint at {path}; `python train.py --size={size} --variant={parts[-1][len(size) + 1:]}` "
-                    f"writes one")
-    return f"no checkpoint at {path}; `python train.py` writes one"
+        return f"{path} is a folder with no checkpoint (ckpt.pt) {where}; {command} writes one"
+    return f"no checkpoint at {path}; {command} writes one"
 
 
 def compile_failed(e):

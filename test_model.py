@@ -912,6 +912,32 @@ def test_streams_taking_turns_on_offloaded_tables_are_each_their_own():
     assert model.offload.epoch == 3  # __init__'s reset and each stream's
 
 
+def test_a_fetch_that_failed_is_made_again_at_the_next_pass(monkeypatch):
+    """A cache whose rows went stale (another stream's reset) keeps asking for them until a fetch has brought them: a
+    fetch interrupted midway (a Ctrl-C in a notebook, out of memory) left it marked as fetched, and its next step read
+    slot -1 (before: an index error)."""
+    model = build(tiny("bov"))
+    prompt = batch(model.config, B=1, T=5)
+    expected = model(torch.cat([prompt, prompt[:, :1]], dim=1))[0][:, -1]
+    model.offload_tables("cpu")
+    cache = model.new_cache(1)
+    model(prompt, cache=cache)
+    model.offload.reset()  # another stream started
+    real, calls = torch.index_select, []
+
+    def interrupted(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+    monkeypatch.setattr(torch, "index_select", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        model(prompt[:, :1], cache=cache)
+    cache.pos = 5  # the interrupted step wrote nothing that counts
+    logits, _ = model(prompt[:, :1], cache=cache)
+    torch.testing.assert_close(logits[:, -1], expected, rtol=0, atol=1e-12)
+
+
 def test_offloading_moves_everything_but_the_tables():
     """offload_tables(device) moves every parameter and buffer but the value tables, the rotary tables included (the
     meta device stands in for a GPU here: no data moves); the tables and their host copy stay in host memory."""
@@ -1136,6 +1162,10 @@ def test_a_missing_checkpoint_names_a_train_py_command_only_for_its_own_out_dirs
                                ("cpu_baseline", "cpu", "baseline")):
         for path in (tmp_path / "out" / run / "ckpt.pt", tmp_path / "out" / run):  # the folder names the same run
             assert no_checkpoint(str(path)) == f"no checkpoint at {path}; `python train.py --size={size} --variant={variant}` writes one"
+    run = tmp_path / "made" / "out" / "cpu_baseline"
+    run.mkdir(parents=True)  # a run before its first checkpoint, or one killed then
+    assert no_checkpoint(str(run)) == (f"{run} is a folder with no checkpoint (ckpt.pt) in or below it; "
+                                       "`python train.py --size=cpu --variant=baseline` writes one")
     for path in (tmp_path / "runs" / "cpu_bov" / "ckpt.pt", tmp_path / "out" / "cpu_nope" / "ckpt.pt",
                  tmp_path / "out" / "huge_bov" / "ckpt.pt", tmp_path / "out" / "cpu_bov" / "model.pt", tmp_path / "out"):
         assert no_checkpoint(str(path)) == f"no checkpoint at {path}; `python train.py` writes one"
