@@ -241,7 +241,7 @@ VARIANTS = {
     # Learning", Sections 1 and 6; not one of the paper's runs, its nearest is t1_r10)
     "value_embed_gated": _v(_EVERY, "table", "add", "gated"),   # nanochat / modded-nanogpt value embeddings
     "resformer": _v(_ALL, "v1", "add", "fixed"),                # value residual: 0.5 V + 0.5 V1 after layer 0
-    "svformer": _v(_ALL, "v1", coeff="fixed"),                  # V1 replaces V after layer 0
+    "svformer": _v(_ALL, "v1", coeff="fixed"),                  # V1 replaces V after layer 0: t1_r03's model, by its name
 }
 
 # -----------------------------------------------------------------------------
@@ -366,10 +366,11 @@ class Attention(nn.Module):
             self.ve_gate = nn.Linear(VE_GATE_CHANNELS, self.n_head, bias=False)  # one gate per head
 
     def coefficients(self):
-        """(c,) of a replace target layer or (a, b) of an add one (learned or fixed; a gated layer's b is its
-        gate, computed in value()): parameters if learned, else the fixed 1 / 0.5. Each is one
-        scalar per layer (shape (1,)), as the paper's gamma_v; value(), forward()'s cached path, table_decode_step
-        and coefficient_values() (whose floats train.py logs) all assume that shape."""
+        """(c,) of a replace target layer or (a, b) of an add one, learned or fixed: parameters if learned, else the
+        fixed 1 / 0.5. Not for a gated layer (its V has coefficient 1 and its b is the gate, both in value(), which
+        never calls this) nor for a layer that is no target. Each is one scalar per layer (shape (1,)), as the paper's
+        gamma_v; value(), forward()'s cached path, table_decode_step and coefficient_values() (whose floats train.py
+        logs) all assume that shape."""
         if self.mix == "replace":
             return (self.gamma_v,) if self.coeff == "learned" else (1.0,)
         return (self.alpha_v, self.beta_v) if self.coeff == "learned" else (0.5, 0.5)
@@ -608,7 +609,8 @@ class GPT(nn.Module):
             self.wte = nn.Embedding(config.vocab_size, config.n_embd)
             self.blocks = nn.ModuleList(Block(config, i, w) for i, w in enumerate(config.windows()))
             self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-            # Value tables E_v (|V| x d), one per BoV layer or one shared: sparse lookups, no matmul.
+            # Value tables (|V| x d), one per table layer (table_layers(): BoV's E_v, bov_keep_v's, the gated
+            # value embeddings) or one shared: sparse lookups, no matmul.
             self.tables = nn.ModuleList(nn.Embedding(config.vocab_size, config.n_embd) for _ in range(config.n_tables()))
         self.offload = None  # set by `offload_tables()`: the tables stay in host memory
         if str(device) != "meta":
@@ -621,8 +623,10 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self):
-        """nanochat's initialisation (karpathy/nanochat; the paper's fork differs in two scales, README
-        "Differences"), drawn from torch's global RNG in a fixed order:
+        """nanochat's initialisation as it stood before March 2026 (karpathy/nanochat before 6ed7d1d and a825e63,
+        which set wte's std to 0.8 and c_fc's bound to 0.4 s, as the paper's fork has them: README "Differences";
+        the gate's 12 channels, 3 sigmoid and small positive init are from 6ed7d1d), drawn from torch's global RNG
+        in a fixed order:
             wte                      normal, std 1
             lm_head                  normal, std 0.001
             c_q, c_k, c_v, c_fc      uniform(-s, s), s = sqrt(3 / n_embd)  (std 1/sqrt(n_embd))
