@@ -474,8 +474,10 @@ class Attention(nn.Module):
             ids = cache.ids[:, start:end]
             rows = ctx.table_rows(self.table_idx, ids).view(ids.size(0), end - start, self.n_head, self.head_dim)
             values = rows.transpose(1, 2).to(keys.dtype)  # c is applied to the output, in forward
-        else:  # V1 (v_free_layers() holds table and V1 layers only; a new V-free source needs its branch here)
+        elif self.source == "v1":
             values = cache.v[0][:, :, start:end]
+        else:  # a source added to v_free_layers() needs its branch here: its values over the window, from what the cache keeps
+            raise NotImplementedError(f"no decode branch in Attention.cached_keys_values for value_source {self.source!r}")
         mask = None  # one query sees all the keys returned: the window starts at its oldest visible key
         if T > 1:
             mask = window_mask(torch.arange(p0, end, device=k.device), torch.arange(start, end, device=k.device), self.window)
@@ -788,7 +790,11 @@ class GPT(nn.Module):
         ]
         adamw_groups = [g for g in adamw_groups if g["params"]]
         grouped = [id(p) for p in matrices] + [id(p) for g in adamw_groups for p in g["params"]]
-        assert sorted(grouped) == sorted(id(p) for p in self.parameters()), "every parameter in exactly one group"
+        if sorted(grouped) != sorted(id(p) for p in self.parameters()):  # a new parameter outside blocks needs its group
+            n = {i: grouped.count(i) for i in set(grouped)}
+            odd = [name for name, p in self.named_parameters() if n.get(id(p), 0) != 1]
+            raise AssertionError(f"every parameter must be in exactly one optimizer group; not so: {', '.join(odd)} "
+                                 "(add a new parameter's group in GPT.configure_optimizers)")
         muon = torch.optim.Muon([dict(name="matrices", params=matrices)], lr=matrix_lr, momentum=0.95,
                                 nesterov=True, weight_decay=weight_decay)
         fused = self.wte.weight.device.type in ("cpu", "cuda")  # one kernel for all AdamW tensors

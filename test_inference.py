@@ -1183,6 +1183,20 @@ def test_cache_allocated_flags_a_mismatch_and_keeps_the_presets_block_size(bench
     assert "bytes != analytic" in cache[1] and cache[1].split()[0] == "bov"
 
 
+def test_measured_flops_off_the_estimate_are_flagged(bench_json):
+    """At window_pattern L the counter's FLOPs are estimate_flops' to the unit; a new mechanism's matrix missed by
+    the estimate shows as a ratio != 1, which the report flags."""
+    f = bench_json["flops_measured"]
+    assert all(f[k]["measured"] == f[k]["estimate"] for k in "ab")
+    lines = [l for l in bench.report(bench_json).splitlines() if "measured/estimate" in l]
+    assert len(lines) == 2 and not any("!= 1" in l for l in lines)
+    off = dict(f, b=dict(f["b"], measured=f["b"]["estimate"] * 1.0183))
+    lines = [l for l in bench.report({**bench_json, "flops_measured": off}).splitlines() if "measured/estimate" in l]
+    assert "!= 1" not in lines[0] and lines[1].split()[0] == "bov" and \
+        lines[1].endswith("measured/estimate 1.0183   != 1: estimate_flops misses a matrix applied twice or counts one "
+                          'never applied (README "A new mechanism")')
+
+
 def test_bench_refuses_zero_counts_and_metrics_without_plot_and_has_its_documented_defaults(capsys):
     """Mutants: the `< 1` refusals as `< 0` (--steps 0 dies in time_decode on 0 / 0.0, a traceback); metrics files
     accepted without --plot (and silently ignored); --serve_batch's default 32 changed."""
