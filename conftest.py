@@ -23,6 +23,17 @@ import pytest  # noqa: E402
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def builds(size, variant, **overrides):
+    """Whether the size has the variant's target layers (a researcher's variant may list indices past its depth:
+    README "A new variant")."""
+    from model import GPTConfig
+    try:
+        GPTConfig.preset(size, variant, **overrides)
+    except ValueError:
+        return False
+    return True
+
+
 def finish(p, timeout=300):
     """The CompletedProcess of a Popen started with text pipes; past timeout it is killed and the test fails."""
     try:

@@ -22,7 +22,7 @@ import torch
 
 import eval as ev
 import train
-from conftest import finish, flip_tensor_byte
+from conftest import builds, finish, flip_tensor_byte
 from model import GPT, GPTConfig
 from prepare_data import load_meta, load_tokens
 
@@ -47,15 +47,6 @@ def data_dir(tmp_path_factory):
     subprocess.run([sys.executable, "prepare_data.py", f"--source=files:{root}/*.txt", f"--out_dir={out}",
                     "--vocab_size=300", "--val_tokens=3000"], cwd=HERE, check=True, capture_output=True)
     return str(out)
-
-
-def builds(size, variant):
-    """Whether the size has the variant's target layers (a variant's own list of indices may be past its depth)."""
-    try:
-        GPTConfig.preset(size, variant)
-    except ValueError:
-        return False
-    return True
 
 
 def start_train(args, **kw):
