@@ -46,9 +46,9 @@ import zipfile
 import zlib
 from collections import namedtuple
 
-# Ctrl-C while torch loads (a second or more): exit 130, not a traceback (left ignored if it was, `cmd &`)
+# Ctrl-C while torch loads (a second or more): one line and exit 130, not a traceback (left ignored if it was, `cmd &`)
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    signal.signal(signal.SIGINT, lambda *_: (os.write(2, b"eval.py: interrupted\n"), os._exit(130)))
 
 import torch
 import torch.nn.functional as F
@@ -497,6 +497,9 @@ def main(argv=None):
             os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "core_eval_partial.json" if partial else "core_eval.json")
         if os.path.isdir(out) or not os.path.isdir(os.path.dirname(out)) or not os.access(os.path.dirname(out), os.W_OK):
             p.error(f"cannot write the results to {out}" + ("" if args.out else "; choose another file with --out"))  # before the evaluation
+        if os.path.lexists(out) and (os.path.islink(out) or not os.path.isfile(out)):  # written by a rename: never replaced
+            p.error(f"{out} is not a regular file (a link, a device, a pipe): the results replace their file whole; "
+                    "name another file" + ("" if args.out else " with --out"))
         if args.out and os.path.isfile(out) and not results_file(out):  # a metrics log, a tokenizer: never overwritten
             p.error(f"--out {args.out} exists and holds no eval.py results; remove it or name another file")
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks is not None else None

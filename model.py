@@ -31,9 +31,9 @@ import zlib
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 
-# Ctrl-C while torch loads (a second or more): exit 130, not a traceback (left ignored if it was, `cmd &`)
+# Ctrl-C while torch loads (a second or more): one line and exit 130, not a traceback (left ignored if it was, `cmd &`)
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    signal.signal(signal.SIGINT, lambda *_: (os.write(2, b"model.py: interrupted\n"), os._exit(130)))
 
 import torch
 import torch.nn as nn

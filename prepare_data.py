@@ -57,9 +57,9 @@ import time
 import urllib.parse
 import urllib.request
 
-# Ctrl-C while numpy and tiktoken load: exit 130, not a traceback (left ignored if it was, `cmd &`)
+# Ctrl-C while numpy and tiktoken load: one line and exit 130, not a traceback (left ignored if it was, `cmd &`)
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    signal.signal(signal.SIGINT, lambda *_: (os.write(2, b"prepare_data.py: interrupted\n"), os._exit(130)))
 
 import numpy as np
 import tiktoken

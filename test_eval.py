@@ -12,6 +12,7 @@ import random
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -810,6 +811,15 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
         assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: --out {log} exists and holds no eval.py results; "
                                                                  "remove it or name another file")
         assert log.read_text() == text
+    os.mkfifo(tmp_path / "fifo")  # a path that is no regular file is not replaced by the results' rename either
+    os.symlink(elsewhere, tmp_path / "link.json")  # (a link to a results file: the link would become a file)
+    for special in (tmp_path / "fifo", tmp_path / "link.json"):
+        with pytest.raises(SystemExit):
+            ev.main(["--ckpt", str(ckpt), "--bundle", bundle, "--tasks", "copa", "--out", str(special)])
+        assert capsys.readouterr().err.splitlines()[-1].endswith(
+            f"error: {special} is not a regular file (a link, a device, a pipe): the results replace their file whole; "
+            "name another file")
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode) and os.path.islink(tmp_path / "link.json")
     with pytest.raises(SystemExit):
         ev.main(["--ckpt", str(ckpt), "--bundle", bundle, "--out", str(tmp_path / "nowhere" / "r.json")])
     assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: cannot write the results to {tmp_path / 'nowhere' / 'r.json'}")

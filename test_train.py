@@ -1154,6 +1154,22 @@ def test_the_scripts_leave_ignored_signals_ignored():
     assert r.returncode == 0 and r.stderr.splitlines() == want, r.stderr
 
 
+def test_ctrl_c_while_torch_loads_is_one_line_and_exit_130(tmp_path):
+    """Each script, stopped while its first heavy import loads (a stand-in numpy and torch here, which say so and
+    wait), prints its one line and exits 130, as after it has loaded (no traceback, no silent exit)."""
+    for name in ("numpy", "torch"):
+        (tmp_path / f"{name}.py").write_text("import sys, time\nsys.stderr.write('loading\\n')\nsys.stderr.flush()\ntime.sleep(60)\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    scripts = ["train.py", "sample.py", "eval.py", "bench.py", "model.py", "prepare_data.py"]
+    runs = [subprocess.Popen([sys.executable, s], cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for s in scripts]
+    for script, p in zip(scripts, runs):
+        assert p.stderr.readline() == "loading\n", script
+        p.send_signal(signal.SIGINT)
+        r = finish(p, 60)
+        assert (r.returncode, r.stderr, r.stdout) == (130, f"{script}: interrupted\n", ""), script
+
+
 def test_a_second_stop_signal_does_not_cut_the_cleanup_short():
     """As the script installs it, stop_signal raises once; the signals after it are ignored, so main()'s
     cleanup (a finally block here) runs to its end."""
