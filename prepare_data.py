@@ -109,10 +109,11 @@ def atomic_write(path, write, tmp=None):
     except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
-        if isinstance(e, OSError) and e.filename is None:  # a failed write or fsync names no file
+        # a failed write or fsync names no file, a failed rename (path a folder) our temporary: name the user's path
+        if isinstance(e, OSError) and e.filename in (None, tmp):
             if e.errno is None:  # numpy's short write (a full disk) gives no cause either
                 e.strerror = f"{e} (a short write: is the disk full?)"
-            e.filename = path
+            e.filename, e.filename2 = path, None
         raise
 
 

@@ -69,6 +69,9 @@ class TextStream:
         self.out.flush()
 
 
+PROMPT_FILE_LIMIT = 64 * 2**20  # characters, far past any model's context in tokens
+
+
 def read_prompt(start):
     """--start text, or the contents of the file after FILE:"""
     if not start.startswith("FILE:"):
@@ -80,9 +83,12 @@ def read_prompt(start):
     path = start[len("FILE:"):]
     try:
         with open(path, encoding="utf-8") as f:
-            text = f.read()
+            text = f.read(PROMPT_FILE_LIMIT + 1)  # bounded: FILE:/dev/zero would fill the memory
     except (OSError, UnicodeDecodeError) as e:
         raise SampleError(f"cannot read the prompt file {path}: {e.strerror if isinstance(e, OSError) else e}") from None
+    if len(text) > PROMPT_FILE_LIMIT:
+        raise SampleError(f"the prompt file {path} is over {PROMPT_FILE_LIMIT // 2**20}M characters; the model reads at "
+                          "most its context: give the part to continue from")
     if not text:
         print(f"sample.py: warning: the prompt file {path} is empty; starting from <|bos|> alone", file=sys.stderr)
     return text

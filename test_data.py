@@ -1454,6 +1454,11 @@ def test_atomic_write_syncs_then_renames_and_keeps_the_old_file_on_a_failure(tmp
     with pytest.raises(OSError):
         pd.atomic_write(path, fails)
     assert json.loads(open(path).read()) == {"old": 1} and os.listdir(tmp_path) == ["meta.json"]
+    (tmp_path / "fig.png").mkdir()  # the rename fails: the error names the path given, not the temporary
+    with pytest.raises(IsADirectoryError) as e:
+        pd.atomic_write(str(tmp_path / "fig.png"), lambda f: f.write(b"png"), str(tmp_path / "fig.png.tmp123"))
+    assert (e.value.filename, e.value.filename2) == (str(tmp_path / "fig.png"), None)
+    assert sorted(os.listdir(tmp_path)) == ["fig.png", "meta.json"]
 
 
 def test_the_numbers_a_preparation_prints(tmp_path, capsys):

@@ -192,6 +192,20 @@ def test_prompt_from_a_file(tiny, tmp_path, capsys):
     assert res.err.splitlines()[0] == f"sample.py: warning: the prompt file {tmp_path / 'empty.txt'} is empty; starting from <|bos|> alone"
 
 
+def test_a_prompt_file_is_read_up_to_a_bound(tmp_path, monkeypatch):
+    """FILE:/dev/zero (or any endless file) is refused in one line past PROMPT_FILE_LIMIT characters; it filled the
+    memory until the kernel killed the process."""
+    monkeypatch.setattr(sample, "PROMPT_FILE_LIMIT", 2 * 2**20)
+    (tmp_path / "p.txt").write_text("é" * (2 * 2**20))  # characters, not bytes
+    assert sample.read_prompt(f"FILE:{tmp_path / 'p.txt'}") == "é" * (2 * 2**20)
+    for path in (tmp_path / "p2.txt", "/dev/zero"):
+        if path != "/dev/zero":
+            path.write_text("x" * (2 * 2**20 + 1))
+        with pytest.raises(sample.SampleError, match=rf"^the prompt file {path} is over 2M characters; the model reads at "
+                                                     "most its context: give the part to continue from$"):
+            sample.read_prompt(f"FILE:{path}")
+
+
 def test_too_long_prompt_is_cropped_to_the_context_with_a_warning(tiny, capsys):
     path, tok, model = tiny
     text = " ".join(WORDS * 8)

@@ -1629,6 +1629,21 @@ def test_a_config_file_may_be_a_pipe():
     assert r.returncode == 0 and "plan: --max_iters -> 3 iterations" in r.stdout, r.stderr
 
 
+def test_an_endless_or_huge_config_file_is_one_line(tmp_path, monkeypatch):
+    """`python train.py /dev/zero` filled the memory; `matrix_lr = 10**400` was an OverflowError traceback."""
+    monkeypatch.setattr(train, "CONFIG_FILE_LIMIT", 2**20)
+    for arg in ("/dev/zero", str(tmp_path / "big.py")):
+        if arg != "/dev/zero":
+            (tmp_path / "big.py").write_text("#" * 2**20 + "\n")
+        with pytest.raises(train.ConfigError, match=rf"^config file {arg} is over 1 MiB: not a config file$"):
+            train.resolve_settings([arg])
+    (tmp_path / "big.py").write_text("#" * (2**20 - 1) + "\n")  # at the bound: read
+    train.resolve_settings([str(tmp_path / "big.py")])
+    (tmp_path / "lr.py").write_text("matrix_lr = 10**400\n")
+    with pytest.raises(train.ConfigError, match=rf"^matrix_lr in config file {tmp_path / 'lr.py'} is an integer too large for a float \(past 1.8e308\)$"):
+        train.resolve_settings([str(tmp_path / "lr.py")])
+
+
 def test_a_config_files_values_are_typed_as_the_settings(tmp_path):
     """S2 (a whole float left a float: 4.096e3 tokens a step printed and saved as 4096.0), S3 (dry_run = 1 taken
     for a bool), S19 (a config file's private name, _x, refused as an unknown setting)."""

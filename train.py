@@ -149,6 +149,9 @@ def _parse_value(key, text, like):
     return text
 
 
+CONFIG_FILE_LIMIT = 2**20  # characters: the paper's config files are a few hundred
+
+
 def _check_type(key, value, like, where):
     """A config file's value against the default's type (ints may be written 1e6)."""
     if isinstance(like, bool):
@@ -158,6 +161,8 @@ def _check_type(key, value, like, where):
         value = int(value) if ok else value
     elif isinstance(like, float):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and isinstance(value, int) and abs(value) > sys.float_info.max:  # 10**400: float() would overflow
+            raise ConfigError(f"{key} in {where} is an integer too large for a float (past 1.8e308)")
         value = float(value) if ok else value
     elif isinstance(like, str) and key not in ("bov_layers", "compile"):  # compile: "auto" or a bool
         ok = isinstance(value, str)
@@ -221,7 +226,13 @@ def resolve_settings(argv):
                 raise ConfigError(f"config file {arg} not found{hint}")
             scope = {}
             try:
-                exec(open(arg).read(), {}, scope)
+                with open(arg) as f:
+                    code = f.read(CONFIG_FILE_LIMIT + 1)  # bounded: `python train.py /dev/zero` would fill the memory
+                if len(code) > CONFIG_FILE_LIMIT:
+                    raise ConfigError(f"config file {arg} is over {CONFIG_FILE_LIMIT // 2**20} MiB: not a config file")
+                exec(code, {}, scope)
+            except ConfigError:
+                raise
             except Exception as e:
                 raise ConfigError(f"config file {arg}: {type(e).__name__}: {e}")
             scope = {k: v for k, v in scope.items() if not isinstance(v, types.ModuleType)}  # `import math` sets nothing
