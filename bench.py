@@ -64,7 +64,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from torch.utils.weak import WeakIdKeyDictionary
 
-from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory
+from model import GPT, GPTConfig, LIMITS, SIZES, VARIANTS, compile_failed, first_line, out_of_memory
 from prepare_data import (ArgumentParser, atomic_write, handle_signals, json_lines, out_dir_problem, plural, reconfigure_stdout,
                           silence_stdout, whole_number)
 from sample import autocast, check_device, keep_freed_memory, resolve_dtype
@@ -732,6 +732,8 @@ def parse_args(argv=None):
         p.error("--contexts needs at least one decode context, e.g. --contexts 1024")
     if args.contexts[0] <= args.steps:
         p.error(f"every decode context must exceed --steps ({args.steps}): it is prefilled to context - steps first")
+    if args.contexts[-1] > LIMITS["block_size"][0]:  # the decode model's block_size
+        p.error(f"--contexts: at most {LIMITS['block_size'][0]:,} ({LIMITS['block_size'][1]}), got {args.contexts[-1]:,}")
     if args.metrics and not args.plot:
         p.error("metrics files are read for --plot only")
     if args.plot:  # before the benchmark runs: its results are not lost to an ImportError at the end

@@ -164,6 +164,8 @@ class GPTConfig:
             value = getattr(self, name)
             if not whole(value) or value <= 0:
                 bad(f"{name} must be a positive integer, got {value!r}")
+            if value > LIMITS[name][0]:
+                bad(f"{name} must be at most {LIMITS[name][0]:,} ({LIMITS[name][1]}), got {value:,}")
         if self.n_embd % self.n_head:
             bad(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if self.head_dim % 2:
@@ -210,6 +212,14 @@ SIZES = {
 }
 
 _LAST, _EVERY, _ALL = "last_third", "every_other", "all"
+# Upper bounds of the shape fields, each with its reason (GPTConfig.validate)
+LIMITS = dict(vocab_size=(2**31 - 1, "token ids are int32 in the decode cache"),
+              n_layer=(1024, "a module per layer; deeper than any GPT"),
+              n_head=(2**20, "at most n_embd"),
+              n_embd=(2**20, "its square must stay countable: a matrix of n_embd^2 weights"),
+              block_size=(2**24, "positions are float32 in the rotary tables, exact up to 2^24"))
+
+
 def _v(layers, source, mix="replace", coeff="learned", **kw):
     return dict(bov_layers=layers, value_source=source, value_mix=mix, value_coeff=coeff, **kw)
 

@@ -951,6 +951,11 @@ def test_bench_bad_arguments_are_one_line_errors(capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--contexts", ","])
     assert e.value.code == 2 and "--contexts needs at least one decode context" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # an OverflowError in the rotary tables, or torch's SymInt error, before
+        bench.main(["--contexts", f"1024,{2**63 - 1}"])
+    assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(
+        "error: --contexts: at most 16,777,216 (positions are float32 in the rotary tables, exact up to 2^24), "
+        "got 9,223,372,036,854,775,807")
     with pytest.raises(SystemExit) as e:  # refused before the benchmark runs, not after
         bench.main(["--plot", "--plot_dir", os.path.join(HERE, "README.md", "plots")])
     assert e.value.code == 2 and "--plot_dir" in capsys.readouterr().err

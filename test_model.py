@@ -902,6 +902,20 @@ def test_bad_configs_raise_value_error(kwargs, message):
         GPTConfig.preset(size, variant, **kw)
 
 
+def test_shapes_past_their_bounds_are_refused():
+    """Past these, torch failed in a traceback (10**23 layers: an OverflowError in range; n_embd 2^32: 'Storage size
+    calculation overflowed'; block_size 10**20: in the rotary tables) instead of one line; each bound is allowed."""
+    at = dict(vocab_size=2**31 - 1, n_layer=1024, n_head=2**20, n_embd=2**20, block_size=2**24)
+    assert set(at) == set(model_module.LIMITS)
+    for name, value in at.items():
+        shape = dict(n_embd=value, n_head=value // 2) if name in ("n_embd", "n_head") else {name: value}
+        GPTConfig.preset("cpu", "bov", **shape)
+        with pytest.raises(ValueError, match=rf"^bad GPTConfig: {name} must be at most {value:,} \(.+\), got {value + 1:,}"):
+            GPTConfig.preset("cpu", "bov", **{**shape, name: value + 1})
+    with pytest.raises(ValueError, match=r"n_layer must be at most 1,024 .*got 99,999,999,999,999,999,999,999"):
+        GPTConfig.preset("cpu", "bov", n_layer=10**23 - 1)
+
+
 # ---------------------------------------------------------------------------- host-offloaded tables
 
 def test_the_row_cache_starts_over_for_every_sequence():
