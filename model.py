@@ -1105,11 +1105,14 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(allow_abbrev=False,
                                  description="List the model presets (sizes x variants) with parameters and FLOPs/token.")
     ap.add_argument("--size", default="paper_135m", choices=list(SIZES))
-    args = ap.parse_args()
+    # --help is written below, as the listing is: argparse's own write drops an error (a full disk) unseen
+    wants_help = bool({"-h", "--help"} & set(sys.argv[1:]))
+    args = None if wants_help else ap.parse_args()
     try:
-        text = (f"sizes: {', '.join(SIZES)}\nvariants: {', '.join(VARIANTS)}\n\n"
-                f"at size {args.size} ({', '.join(f'{k}={v}' for k, v in SIZES[args.size].items())}):\n"
-                f"{describe_presets(args.size)}")
+        text = ap.format_help().rstrip("\n") if wants_help else (
+            f"sizes: {', '.join(SIZES)}\nvariants: {', '.join(VARIANTS)}\n\n"
+            f"at size {args.size} ({', '.join(f'{k}={v}' for k, v in SIZES[args.size].items())}):\n"
+            f"{describe_presets(args.size)}")
     except KeyboardInterrupt:
         print("model.py: interrupted", file=sys.stderr)
         sys.exit(130)
@@ -1118,4 +1121,4 @@ if __name__ == "__main__":
     except OSError as e:  # the reader left (`python model.py | head`: stop quietly), or a full disk; not again at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
         if not isinstance(e, BrokenPipeError):
-            sys.exit(f"model.py: error: cannot write the listing: {e.strerror or e}")
+            sys.exit(f"model.py: error: cannot write the {'help' if wants_help else 'listing'} to stdout: {e.strerror or e}")

@@ -269,6 +269,18 @@ class ArgumentParser(argparse.ArgumentParser):
             message += f" ({switch[1]} is a switch: give it alone, or leave it out)"
         super().error(message)
 
+    def print_help(self, file=None):
+        """--help, written here: a full disk is one line and exit 1 (argparse's own write drops an OSError unseen, and
+        exits 0), a reader that left (`--help | head`) a quiet exit, as before."""
+        try:
+            file = file or sys.stdout
+            file.write(self.format_help())
+            file.flush()
+        except OSError as e:
+            silence_stdout()
+            self.exit(0 if isinstance(e, BrokenPipeError) else 1,
+                      None if isinstance(e, BrokenPipeError) else f"{self.prog}: error: cannot write the help to stdout: {e.strerror or e}\n")
+
 
 # -----------------------------------------------------------------------------
 # the files' format: tokenizer.json and token shards (see the module docstring)

@@ -3,6 +3,7 @@ Run: python -m pytest -q test_data.py"""
 
 import base64
 import errno
+import io
 import glob
 import hashlib
 import json
@@ -627,6 +628,26 @@ def test_a_closed_or_full_stdout_is_one_line(tmp_path):
     assert r.returncode == 1 and r.stderr == "prepare_data.py: error: cannot write the output: No space left on device\n"
     r = subprocess.run(cmd, cwd=HERE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=lambda: os.close(1))  # `>&-`
     assert r.returncode == 0 and r.stderr == ""
+
+
+def test_help_to_a_full_disk_is_one_line_and_to_a_reader_that_left_quiet(capsys):
+    """The scripts' parser (sample, bench, eval, prepare_data): argparse's own write dropped the OSError of a full disk
+    and exited 0 with the help lost; a closed pipe (`--help | head`) stays a quiet exit 0."""
+    parser = pd.ArgumentParser(prog="x.py")
+    class Failing(io.StringIO):  # a stdout whose flush fails as a full disk's, or a closed pipe's, does
+        def __init__(self, error):
+            super().__init__()
+            self.error = error
+        def flush(self):
+            raise self.error
+    with pytest.raises(SystemExit) as e:
+        parser.print_help(Failing(OSError(errno.ENOSPC, "No space left on device")))
+    assert e.value.code == 1 and capsys.readouterr().err == "x.py: error: cannot write the help to stdout: No space left on device\n"
+    with pytest.raises(SystemExit) as e:
+        parser.print_help(Failing(BrokenPipeError(errno.EPIPE, "Broken pipe")))
+    assert e.value.code == 0 and capsys.readouterr().err == ""
+    parser.print_help()
+    assert capsys.readouterr().out.startswith("usage: x.py [-h]")
 
 
 def test_force_deletes_nothing_when_the_new_source_is_bad(tmp_path):

@@ -1,6 +1,7 @@
 """Tests of model.py: the architecture, the value-vector grid, decoding with a KV cache, accounting."""
 
 import argparse
+import contextlib
 import errno
 import io
 import math
@@ -1284,10 +1285,19 @@ def test_the_preset_listing_and_a_reader_that_leaves(monkeypatch, capsys):
         with pytest.raises(SystemExit) as e:
             runpy.run_path(os.path.join(here, "model.py"), run_name="__main__")
     assert e.value.code == 130 and capsys.readouterr() == ("", "model.py: interrupted\n")
+    monkeypatch.setattr(sys, "argv", ["model.py", "--help"])  # the help goes the listing's way, in-process
+    full = open("/dev/full", "w")
+    monkeypatch.setattr(sys, "stdout", full)
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(os.path.join(here, "model.py"), run_name="__main__")
+    monkeypatch.undo()
+    with contextlib.suppress(OSError):  # what the help left in its buffer (model.py points fd 1, not this file, at /dev/null)
+        full.close()
+    assert e.value.code == "model.py: error: cannot write the help to stdout: No space left on device"
     err = p.stderr.read()
     assert p.wait(timeout=120) == 0 and err == ""
     r = finish(on_full, 120)
-    assert r.returncode == 1 and r.stderr == "model.py: error: cannot write the listing: No space left on device\n"
+    assert r.returncode == 1 and r.stderr == "model.py: error: cannot write the listing to stdout: No space left on device\n"
 
 
 # ---------------------------------------------------------------------------- from a mutation audit of model.py
