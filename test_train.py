@@ -1867,6 +1867,12 @@ def test_a_checkpoint_at_a_negative_step_is_refused(data_dir, tmp_path, monkeypa
     monkeypatch.setattr(train, "load_data", None)  # refused before the data is loaded
     with pytest.raises(train.ConfigError, match=r"is at step -1, outside this run's 0\.\.2 iterations; it is damaged$"):
         train.main([*args, "--resume"])
+    ckpt["step"], row = 1, ckpt["loader"]["row"]  # a damaged data position: numpy's seed error was a traceback
+    for loader in ({"epoch": -1, "row": row}, {"epoch": 0.5, "row": row}, {"epoch": True, "row": row}, {"epoch": 0}):
+        torch.save({**ckpt, "loader": loader}, out / "ckpt.pt")
+        with pytest.raises(train.ConfigError, match=rf"is damaged \(its data position {re.escape(repr(loader))} is not an "
+                                                    r"epoch and a row >= 0\)$"):
+            train.main([*args, "--resume"])
 
 
 def test_the_plan_prints_its_numbers(capsys):

@@ -565,6 +565,9 @@ def load_resume(path, s, model_config, tok_sha, data_counts, iters):
                              if any(k in budgets for k in differ) else ""))
     if not 0 <= ckpt["step"] <= iters:
         raise ConfigError(f"--resume: {path} is at step {ckpt['step']}, outside this run's 0..{iters} iterations; it is damaged")
+    where = ckpt["loader"]  # a dict (checked above): the data's epoch and row (Batches.state), whole numbers for its seed
+    if not all(type(where.get(k)) is int and where[k] >= 0 for k in ("epoch", "row")):
+        raise ConfigError(f"--resume: {path} is damaged (its data position {where!r} is not an epoch and a row >= 0)")
     return ckpt
 
 
