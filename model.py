@@ -1048,6 +1048,10 @@ def no_checkpoint(path):
         size = next((s for s in SIZES if parts[-1].startswith(s + "_") and parts[-1][len(s) + 1:] in VARIANTS), None)
         if size:
             command = f"`python train.py --size={size} --variant={parts[-1][len(size) + 1:]}`"
+    if os.path.isdir(path) and not os.access(path, os.R_OK | os.X_OK):  # its files cannot be seen, nor searched
+        return f"cannot read the folder {path}: permission denied"
+    if os.path.isdir(os.path.join(path, "ckpt.pt")):
+        return f"{os.path.join(path, 'ckpt.pt')} is a folder, not a checkpoint file"
     if os.path.isdir(path):
         found, whole = checkpoints_below(path)
         if found:

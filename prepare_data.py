@@ -379,6 +379,15 @@ def prepare_command(data_dir):
     return f"python prepare_data.py --source=... --out_dir={data_dir}"
 
 
+def unreadable(path, e):
+    """The DataError for a prepared file that cannot be read: without permission it may well be intact (no --force
+    advice, which would rebuild it); otherwise damaged."""
+    if isinstance(e, PermissionError):
+        return DataError(f"cannot read {path}: permission denied (the data may be intact: check who may read it)")
+    return DataError(f"{path} is unreadable ({e.strerror if isinstance(e, OSError) and e.strerror else e}); "
+                     "re-run prepare_data.py with --force")
+
+
 def load_meta(data_dir):
     """Return the dict in data_dir/meta.json. DataError if the data is not (completely) prepared."""
     path = os.path.join(data_dir, "meta.json")
@@ -393,12 +402,14 @@ def load_meta(data_dir):
             names = ", ".join(os.path.dirname(p) for p in inside[:3]) + (", ..." if len(inside) > 3 else "")
             raise DataError(f"no prepared data in {data_dir} itself, but in the folders below it: {names}; give one "
                             f"of those")
+        if os.path.isdir(data_dir) and not os.access(data_dir, os.R_OK | os.X_OK):  # its files cannot be seen
+            raise DataError(f"cannot read the folder {data_dir}: permission denied")
         raise DataError(f"no prepared data in {data_dir}; run `{prepare_command(data_dir)}` first")
     try:
         with open(path) as f:
             meta = json.load(f)
     except (OSError, ValueError) as e:
-        raise DataError(f"{path} is unreadable ({e}); re-run prepare_data.py with --force")
+        raise unreadable(path, e) from None
     if not isinstance(meta, dict):
         raise DataError(f"{path} is not a prepare_data.py meta file; re-run prepare_data.py with --force")
     if meta.get("format") != FORMAT:
@@ -446,7 +457,7 @@ def load_tokenizer(data_dir):
         with open(path) as f:
             tok = json.load(f)
     except (OSError, ValueError) as e:
-        raise DataError(f"{path} is unreadable ({e}); re-run prepare_data.py with --force")
+        raise unreadable(path, e) from None
     try:
         enc = _encoding_from_json(tok)
     except (KeyError, TypeError, ValueError, AttributeError) as e:  # valid JSON, but not what prepare_data.py writes
@@ -465,7 +476,7 @@ def tokenizer_sha256(data_dir):
         with open(path, "rb") as f:
             return hashlib.file_digest(f, "sha256").hexdigest()
     except OSError as e:
-        raise DataError(f"{path} is unreadable ({e.strerror}); re-run prepare_data.py with --force") from None
+        raise unreadable(path, e) from None
 
 
 def load_tokens(data_dir, split):
@@ -486,7 +497,7 @@ def load_token_bytes(data_dir):
     try:
         tb = np.load(path)
     except (OSError, ValueError, EOFError) as e:  # EOFError: an empty file
-        raise DataError(f"{path} is unreadable ({e}); re-run prepare_data.py with --force")
+        raise unreadable(path, e) from None
     if tb.shape != (meta["vocab_size"],) or tb.dtype != np.int32:
         raise DataError(f"{path} has shape {tb.shape} {tb.dtype}, expected ({meta['vocab_size']},) int32; "
                         f"re-run prepare_data.py with --force")

@@ -630,6 +630,28 @@ def test_a_closed_or_full_stdout_is_one_line(tmp_path):
     assert r.returncode == 0 and r.stderr == ""
 
 
+def test_prepared_data_without_read_access_is_not_called_damaged(tmp_path, monkeypatch):
+    """A file or folder this user may not read was 'unreadable; re-run prepare_data.py with --force' (rebuilding data
+    that is intact) or 'no prepared data'; root, who runs the tests here, reads anything: the denial is simulated."""
+    pattern, _ = write_corpus(tmp_path)
+    data = tmp_path / "data"
+    assert prep("--source", "files:" + pattern, "--vocab_size", 300, "--val_tokens", 500, "--out_dir", data) is None
+    real_open = open
+    def denied(file, *a, **k):
+        if os.fspath(file).endswith(("meta.json", "tokenizer.json")):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(file))
+        return real_open(file, *a, **k)
+    monkeypatch.setattr("builtins.open", denied)
+    with pytest.raises(pd.DataError, match=rf"^cannot read {data / 'meta.json'}: permission denied \(the data may be intact"):
+        pd.load_meta(str(data))
+    monkeypatch.undo()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: access(p, mode) and os.fspath(p) != str(data))
+    monkeypatch.setattr(os.path, "exists", lambda p: not os.fspath(p).startswith(str(data) + os.sep))  # as x denied
+    with pytest.raises(pd.DataError, match=rf"^cannot read the folder {data}: permission denied$"):
+        pd.load_meta(str(data))
+
+
 def test_help_to_a_full_disk_is_one_line_and_to_a_reader_that_left_quiet(capsys):
     """The scripts' parser (sample, bench, eval, prepare_data): argparse's own write dropped the OSError of a full disk
     and exited 0 with the help lost; a closed pipe (`--help | head`) stays a quiet exit 0."""

@@ -1240,6 +1240,16 @@ def test_a_missing_checkpoint_names_a_train_py_command_only_for_its_own_out_dirs
         assert no_checkpoint(str(path)) == f"no checkpoint at {path}; `python train.py` writes one"
 
 
+def test_a_checkpoint_folder_without_access_or_with_a_folder_as_ckpt_pt_says_so(tmp_path, monkeypatch):
+    """Both were 'a folder with no checkpoint (ckpt.pt) in or below it' (from a review run as a user other than root)."""
+    from model import no_checkpoint
+    (tmp_path / "run" / "ckpt.pt").mkdir(parents=True)
+    assert no_checkpoint(str(tmp_path / "run")) == f"{tmp_path / 'run' / 'ckpt.pt'} is a folder, not a checkpoint file"
+    access = os.access  # chmod 000 does not stop root, who runs the tests here: the check is os.access's answer
+    monkeypatch.setattr(os, "access", lambda p, mode: access(p, mode) and os.fspath(p) != str(tmp_path / "run"))
+    assert no_checkpoint(str(tmp_path / "run")) == f"cannot read the folder {tmp_path / 'run'}: permission denied"
+
+
 def test_the_preset_listing_is_a_table(monkeypatch):
     import model
     from model import describe_presets, layer_list
