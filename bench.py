@@ -461,6 +461,8 @@ def fig5a(path):
 
 def read_records(path):
     """The dict records of a train.py metrics JSONL file."""
+    if os.path.exists(path) and not os.path.isfile(path):  # /dev/zero, a pipe: read line by line, it never ends
+        raise BenchError(f"metrics file {path} is not a regular file (train.py writes metrics.jsonl)")
     try:
         with open(path, encoding="utf-8") as f:
             records = [rec for _, rec in json_lines(f, path, BenchError) if isinstance(rec, dict)]
