@@ -48,6 +48,7 @@ import math
 import os
 import shlex
 import signal
+import stat
 import statistics
 import sys
 import time
@@ -56,7 +57,12 @@ from dataclasses import fields, replace
 
 # Ctrl-C while torch loads (a second or more): one line and exit 130, not a traceback (left ignored if it was, `cmd &`)
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-    signal.signal(signal.SIGINT, lambda *_: (os.write(2, b"bench.py: interrupted\n"), os._exit(130)))
+    def _stopped_while_loading(*_):
+        try:
+            os.write(2, b"bench.py: interrupted\n")
+        finally:  # exit 130 even with stderr closed (`2>&-`)
+            os._exit(130)
+    signal.signal(signal.SIGINT, _stopped_while_loading)
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -461,8 +467,8 @@ def fig5a(path):
 
 def read_records(path):
     """The dict records of a train.py metrics JSONL file."""
-    if os.path.exists(path) and not os.path.isfile(path):  # /dev/zero, a pipe: read line by line, it never ends
-        raise BenchError(f"metrics file {path} is not a regular file (train.py writes metrics.jsonl)")
+    if os.path.exists(path) and stat.S_ISCHR(os.stat(path).st_mode):  # /dev/zero: read line by line, it never ends
+        raise BenchError(f"metrics file {path} is a device (train.py writes metrics.jsonl)")
     try:
         with open(path, encoding="utf-8") as f:
             records = [rec for _, rec in json_lines(f, path, BenchError) if isinstance(rec, dict)]

@@ -33,7 +33,12 @@ from dataclasses import asdict, dataclass, field, fields
 
 # Ctrl-C while torch loads (a second or more): one line and exit 130, not a traceback (left ignored if it was, `cmd &`)
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-    signal.signal(signal.SIGINT, lambda *_: (os.write(2, b"model.py: interrupted\n"), os._exit(130)))
+    def _stopped_while_loading(*_):
+        try:
+            os.write(2, b"model.py: interrupted\n")
+        finally:  # exit 130 even with stderr closed (`2>&-`)
+            os._exit(130)
+    signal.signal(signal.SIGINT, _stopped_while_loading)
 
 import torch
 import torch.nn as nn
@@ -164,7 +169,7 @@ class GPTConfig:
             value = getattr(self, name)
             if not whole(value) or value <= 0:
                 bad(f"{name} must be a positive integer, got {value!r}")
-            if value > LIMITS[name][0]:
+            if name in LIMITS and value > LIMITS[name][0]:  # (n_head: at most n_embd / 2, by the checks below)
                 bad(f"{name} must be at most {LIMITS[name][0]:,} ({LIMITS[name][1]}), got {value:,}")
         if self.n_embd % self.n_head:
             bad(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
@@ -215,7 +220,6 @@ _LAST, _EVERY, _ALL = "last_third", "every_other", "all"
 # Upper bounds of the shape fields, each with its reason (GPTConfig.validate)
 LIMITS = dict(vocab_size=(2**31 - 1, "token ids are int32 in the decode cache"),
               n_layer=(1024, "a module per layer; deeper than any GPT"),
-              n_head=(2**20, "at most n_embd"),
               n_embd=(2**20, "its square must stay countable: a matrix of n_embd^2 weights"),
               block_size=(2**24, "positions are float32 in the rotary tables, exact up to 2^24"))
 
@@ -1050,6 +1054,9 @@ def no_checkpoint(path):
             command = f"`python train.py --size={size} --variant={parts[-1][len(size) + 1:]}`"
     if os.path.isdir(path) and not os.access(path, os.R_OK | os.X_OK):  # its files cannot be seen, nor searched
         return f"cannot read the folder {path}: permission denied"
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(path) and os.path.isdir(folder) and not os.access(folder, os.X_OK):  # out/cpu_bov/ckpt.pt
+        return f"cannot read the folder {folder}: permission denied"
     if os.path.isdir(os.path.join(path, "ckpt.pt")):
         return f"{os.path.join(path, 'ckpt.pt')} is a folder, not a checkpoint file"
     if os.path.isdir(path):

@@ -59,7 +59,12 @@ import urllib.request
 
 # Ctrl-C while numpy and tiktoken load: one line and exit 130, not a traceback (left ignored if it was, `cmd &`)
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-    signal.signal(signal.SIGINT, lambda *_: (os.write(2, b"prepare_data.py: interrupted\n"), os._exit(130)))
+    def _stopped_while_loading(*_):
+        try:
+            os.write(2, b"prepare_data.py: interrupted\n")
+        finally:  # exit 130 even with stderr closed (`2>&-`)
+            os._exit(130)
+    signal.signal(signal.SIGINT, _stopped_while_loading)
 
 import numpy as np
 import tiktoken

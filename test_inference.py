@@ -876,7 +876,7 @@ def test_bench_plots_and_metrics(tmp_path, capsys, monkeypatch):
     assert e.value.code == f"bench.py: error: metrics file {tmp_path / 'bin.dat'} is not UTF-8 text (train.py writes metrics.jsonl)"
     with pytest.raises(SystemExit) as e:  # read line by line, it never ended (a line of NULs as long as the memory)
         bench.main(["--plot", "--plot_dir", str(tmp_path), "/dev/zero"])
-    assert e.value.code == "bench.py: error: metrics file /dev/zero is not a regular file (train.py writes metrics.jsonl)"
+    assert e.value.code == "bench.py: error: metrics file /dev/zero is a device (train.py writes metrics.jsonl)"
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     with pytest.raises(SystemExit) as e:
         bench.main(["--plot", "--plot_dir", str(tmp_path), str(tmp_path / "bad.jsonl")])

@@ -906,10 +906,10 @@ def test_bad_configs_raise_value_error(kwargs, message):
 def test_shapes_past_their_bounds_are_refused():
     """Past these, torch failed in a traceback (10**23 layers: an OverflowError in range; n_embd 2^32: 'Storage size
     calculation overflowed'; block_size 10**20: in the rotary tables) instead of one line; each bound is allowed."""
-    at = dict(vocab_size=2**31 - 1, n_layer=1024, n_head=2**20, n_embd=2**20, block_size=2**24)
+    at = dict(vocab_size=2**31 - 1, n_layer=1024, n_embd=2**20, block_size=2**24)  # n_head: at most n_embd / 2 (RoPE)
     assert set(at) == set(model_module.LIMITS)
     for name, value in at.items():
-        shape = dict(n_embd=value, n_head=value // 2) if name in ("n_embd", "n_head") else {name: value}
+        shape = dict(n_embd=value, n_head=value // 2) if name == "n_embd" else {name: value}
         GPTConfig.preset("cpu", "bov", **shape)
         with pytest.raises(ValueError, match=rf"^bad GPTConfig: {name} must be at most {value:,} \(.+\), got {value + 1:,}"):
             GPTConfig.preset("cpu", "bov", **{**shape, name: value + 1})
@@ -1245,9 +1245,12 @@ def test_a_checkpoint_folder_without_access_or_with_a_folder_as_ckpt_pt_says_so(
     from model import no_checkpoint
     (tmp_path / "run" / "ckpt.pt").mkdir(parents=True)
     assert no_checkpoint(str(tmp_path / "run")) == f"{tmp_path / 'run' / 'ckpt.pt'} is a folder, not a checkpoint file"
+    (tmp_path / "run2").mkdir()
+    denied = {str(tmp_path / "run"), str(tmp_path / "run2")}
     access = os.access  # chmod 000 does not stop root, who runs the tests here: the check is os.access's answer
-    monkeypatch.setattr(os, "access", lambda p, mode: access(p, mode) and os.fspath(p) != str(tmp_path / "run"))
+    monkeypatch.setattr(os, "access", lambda p, mode: access(p, mode) and os.fspath(p) not in denied)
     assert no_checkpoint(str(tmp_path / "run")) == f"cannot read the folder {tmp_path / 'run'}: permission denied"
+    assert no_checkpoint(str(tmp_path / "run2" / "ckpt.pt")) == f"cannot read the folder {tmp_path / 'run2'}: permission denied"
 
 
 def test_the_preset_listing_is_a_table(monkeypatch):

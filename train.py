@@ -36,7 +36,12 @@ from dataclasses import asdict, fields
 
 # Ctrl-C while torch loads (a second or more): one line and exit 130, not a traceback (left ignored if it was, `cmd &`)
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-    signal.signal(signal.SIGINT, lambda *_: (os.write(2, b"train.py: interrupted\n"), os._exit(130)))
+    def _stopped_while_loading(*_):
+        try:
+            os.write(2, b"train.py: interrupted\n")
+        finally:  # exit 130 even with stderr closed (`2>&-`)
+            os._exit(130)
+    signal.signal(signal.SIGINT, _stopped_while_loading)
 
 import numpy as np
 import torch
@@ -229,7 +234,7 @@ def resolve_settings(argv):
                 with open(arg) as f:
                     code = f.read(CONFIG_FILE_LIMIT + 1)  # bounded: `python train.py /dev/zero` would fill the memory
                 if len(code) > CONFIG_FILE_LIMIT:
-                    raise ConfigError(f"config file {arg} is over {CONFIG_FILE_LIMIT // 2**20} MiB: not a config file")
+                    raise ConfigError(f"config file {arg} is over {CONFIG_FILE_LIMIT // 2**20}M characters: not a config file")
                 exec(code, {}, scope)
             except ConfigError:
                 raise
@@ -361,6 +366,9 @@ class Batches:
         return {"epoch": self.epoch, "row": self.row}
 
     def load_state(self, state):
+        rows = len(self.plan(state["epoch"])[0]) - 1
+        if state["row"] > rows:  # (load_resume checked that both are whole numbers >= 0)
+            raise ValueError(f"its data position is row {state['row']} of an epoch of {rows} rows")
         self.epoch, self.row = state["epoch"], state["row"]
 
     def read(self, start, length):
