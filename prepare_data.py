@@ -354,11 +354,14 @@ def _shard_problem(path, dtype, expected_tokens, bos_id):
 
 
 def _open_shard(path, dtype, expected_tokens, bos_id):
-    """The shard's tokens as a read-only memmap (DataError if _shard_problem finds one)."""
-    problem = _shard_problem(path, dtype, expected_tokens, bos_id)
-    if problem:
-        raise DataError(f"{path} {problem}; re-run prepare_data.py with the same arguments to rebuild it")
-    return np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r", offset=HEADER_BYTES, shape=(expected_tokens,))
+    """The shard's tokens as a read-only memmap (DataError if _shard_problem finds one, or it cannot be read)."""
+    try:
+        problem = _shard_problem(path, dtype, expected_tokens, bos_id)
+        if problem:
+            raise DataError(f"{path} {problem}; re-run prepare_data.py with the same arguments to rebuild it")
+        return np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r", offset=HEADER_BYTES, shape=(expected_tokens,))
+    except OSError as e:  # no permission (the shard may be intact), or the disk
+        raise unreadable(path, e) from None
 
 
 def _shard_lists_problem(state):

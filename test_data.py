@@ -645,6 +645,15 @@ def test_prepared_data_without_read_access_is_not_called_damaged(tmp_path, monke
     with pytest.raises(pd.DataError, match=rf"^cannot read {data / 'meta.json'}: permission denied \(the data may be intact"):
         pd.load_meta(str(data))
     monkeypatch.undo()
+    shard = os.path.join(data, pd.load_meta(str(data))["val_shards"][0]["file"])
+    def shard_denied(file, *a, **k):
+        if os.fspath(file) == shard:
+            raise PermissionError(errno.EACCES, "Permission denied", shard)
+        return real_open(file, *a, **k)
+    monkeypatch.setattr("builtins.open", shard_denied)
+    with pytest.raises(pd.DataError, match=rf"^cannot read {shard}: permission denied \(the data may be intact"):
+        pd.load_tokens(str(data), "val")
+    monkeypatch.undo()
     access = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: access(p, mode) and os.fspath(p) != str(data))
     monkeypatch.setattr(os.path, "exists", lambda p: not os.fspath(p).startswith(str(data) + os.sep))  # as x denied
