@@ -28,6 +28,7 @@ import struct
 import sys
 import zipfile
 import zlib
+from collections import Counter
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 
@@ -805,8 +806,8 @@ class GPT(nn.Module):
         adamw_groups = [g for g in adamw_groups if g["params"]]
         grouped = [id(p) for p in matrices] + [id(p) for g in adamw_groups for p in g["params"]]
         if sorted(grouped) != sorted(id(p) for p in self.parameters()):  # a new parameter outside blocks needs its group
-            n = {i: grouped.count(i) for i in set(grouped)}
-            odd = [name for name, p in self.named_parameters() if n.get(id(p), 0) != 1]
+            n = Counter(grouped)
+            odd = [name for name, p in self.named_parameters() if n[id(p)] != 1]
             raise AssertionError(f"every parameter must be in exactly one optimizer group; not so: {', '.join(odd)} "
                                  "(add a new parameter's group in GPT.configure_optimizers)")
         muon = torch.optim.Muon([dict(name="matrices", params=matrices)], lr=matrix_lr, momentum=0.95,

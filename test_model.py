@@ -36,11 +36,12 @@ def fits_tiny(variant):
     return builds("cpu", variant, **TINY)
 
 
-def at_tiny(variants):
-    """pytest params of the variants that fit the test model, the others skipped with their reason (not left out
-    unseen, and not failing the whole file at collection)."""
+def at_tiny(variants=VARIANTS, where=lambda cfg: True):
+    """pytest params of the variants whose test-model config satisfies `where`; one whose layers the test model
+    lacks is skipped with its reason (not left out unseen, and not failing the whole file at collection)."""
     return [v if fits_tiny(v) else pytest.param(v, marks=pytest.mark.skip(
-        reason=f"{v}'s layers {VARIANTS[v]['bov_layers']} are not in the {TINY['n_layer']}-layer test model")) for v in variants]
+        reason=f"{v}'s layers {VARIANTS[v]['bov_layers']} are not in the {TINY['n_layer']}-layer test model"))
+            for v in variants if not fits_tiny(v) or where(tiny(v))]
 
 
 def seeded(seed, variant="baseline", **kw):
@@ -144,7 +145,7 @@ def test_a_preset_that_does_not_fit_names_its_size_and_variant():
         GPTConfig.preset("cpu", "bov", bov_layers=[4, 5, 5])
 
 
-@pytest.mark.parametrize("variant", at_tiny(VARIANTS))
+@pytest.mark.parametrize("variant", at_tiny())
 def test_every_preset_runs_with_a_finite_loss(variant):
     cfg = tiny(variant)
     torch.manual_seed(0)
@@ -245,10 +246,10 @@ def test_bov_at_init_equals_x0_w_v(shared):
     assert (base(idx)[0] - lb).abs().max() > 1e-3
 
 
-TABLE_INIT_VARIANTS = [v for v in VARIANTS if fits_tiny(v) and tiny(v).n_tables() and tiny(v).value_coeff != "gated"]
+TABLE_INIT_VARIANTS = at_tiny(where=lambda cfg: cfg.n_tables() and cfg.value_coeff != "gated")
 
 
-@pytest.mark.parametrize("variant", at_tiny(v for v in VARIANTS if not fits_tiny(v) or v in TABLE_INIT_VARIANTS))
+@pytest.mark.parametrize("variant", TABLE_INIT_VARIANTS)
 def test_table_rows_are_rms_norm_wte_times_w_v(variant):
     """Every table but the gated value embeddings' (uniform, as nanochat's) starts as RMSNorm(wte) W_V of
     its layer in the baseline from the same seed; a shared table as its first target layer's. Mutant:
@@ -262,7 +263,7 @@ def test_table_rows_are_rms_norm_wte_times_w_v(variant):
         torch.testing.assert_close(table.weight, expected)
 
 
-@pytest.mark.parametrize("variant", at_tiny(v for v in VARIANTS if v != "value_embed_gated"))
+@pytest.mark.parametrize("variant", at_tiny(where=lambda cfg: cfg.value_coeff != "gated"))
 def test_every_variant_starts_from_the_baselines_weights(variant):
     """init_weights draws a W_V in every layer, used or not, so that one seed gives every variant the
     baseline's values in each weight they share (Table 1's rows differ only in the value path). Mutant:
@@ -276,7 +277,7 @@ def test_every_variant_starts_from_the_baselines_weights(variant):
     assert all(".attn.c_v." in name for name in set(base) - set(params))  # only a dropped W_V is missing
 
 
-@pytest.mark.parametrize("variant", at_tiny(VARIANTS))
+@pytest.mark.parametrize("variant", at_tiny())
 def test_init_weights_sets_every_parameter(variant):
     """The model is built on the meta device, so a parameter that init_weights forgets keeps whatever memory
     to_empty left (often zeros: a new table would train from 0 unseen). Here that memory is NaN."""
@@ -288,10 +289,10 @@ def test_init_weights_sets_every_parameter(variant):
     assert not [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
 
 
-LEARNED = [v for v in VARIANTS if fits_tiny(v) and tiny(v).target_layers() and tiny(v).value_coeff == "learned"]
+LEARNED = at_tiny(where=lambda cfg: cfg.target_layers() and cfg.value_coeff == "learned")
 
 
-@pytest.mark.parametrize("variant", at_tiny(v for v in VARIANTS if not fits_tiny(v) or v in LEARNED))
+@pytest.mark.parametrize("variant", LEARNED)
 def test_learned_coefficients_get_a_gradient(variant):
     """eq. 5's gamma_v (and the add variants' alpha_v, beta_v) are trained parameters: each gets a non-zero
     gradient (mutant: gamma_v made with requires_grad=False, which turns BoV into bov_fixed_coeff and
@@ -466,7 +467,7 @@ def test_initial_weights_follow_the_documented_distributions():
 
 # ---------------------------------------------------------------------------- decoding
 
-@pytest.mark.parametrize("variant", at_tiny(VARIANTS))
+@pytest.mark.parametrize("variant", at_tiny())
 def test_greedy_generate_with_cache_equals_without(variant):
     """Greedy decoding with the cache picks, at every step, the argmax of a full forward over the prefix.
     By causality that is the full forward over the whole output, position by position: one forward
@@ -731,7 +732,7 @@ def test_parameter_counts():
     assert (round(n["dense"] / 1e6, 1), round(n["tables"] / 1e6, 1)) == (761.3, 402.7)
 
 
-@pytest.mark.parametrize("variant", at_tiny(VARIANTS))
+@pytest.mark.parametrize("variant", at_tiny())
 def test_estimate_flops_against_the_flop_counter(variant):
     """Every variant, as a new mechanism's FLOPs are easy to miss: a matrix applied twice counts once in
     estimate_flops, and a W_V left in a layer that never applies it (a V-free source not in v_free_layers())
