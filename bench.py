@@ -694,7 +694,7 @@ def parse_overrides(text):
 
 def parse_args(argv=None):
     cuda = torch.cuda.is_available()
-    p = ArgumentParser(description="Compare two presets: parameters, FLOPs, KV-cache "
+    p = ArgumentParser(prog="bench.py", description="Compare two presets: parameters, FLOPs, KV-cache "
                        "memory, decode/prefill speed, train step time, peak memory. Progress goes to stderr.")
     p.add_argument("metrics", nargs="*", help="train.py metrics JSONL files: with --plot, draw only the plots "
                    "(Fig 5a, val curves, Fig 2 coefficients) and skip the benchmark")

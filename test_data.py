@@ -122,7 +122,7 @@ def test_a_mistyped_flag_names_the_nearest(script, typo, flag, capsys):
         with pytest.raises(SystemExit) as e:
             main([arg] + ["--ckpt", "x"] * (script == "eval"))
         assert e.value.code == 2
-        assert capsys.readouterr().err.splitlines()[-1].endswith(f".py: error: unrecognized arguments: {arg}{hint}")
+        assert capsys.readouterr().err.splitlines()[-1] == f"{script}.py: error: unrecognized arguments: {arg}{hint}"
 
 
 def test_tokenizer_roundtrip_unicode(corpus):
@@ -1298,7 +1298,7 @@ def test_sample_names_ours_for_nanogpts_flags(args, hint, capsys):
     import sample
     with pytest.raises(SystemExit) as e:
         sample.main(args)
-    assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(f".py: error: {hint}")
+    assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == f"sample.py: error: {hint}"
 
 
 # from a third mutation audit of prepare_data.py: the lock, the state checks, the sources' errors, the printed numbers
