@@ -1,6 +1,7 @@
 """pytest setup for every test file: one CPU thread per process. The tests use tiny models, where a
 second thread buys nothing, while two processes that each spin two OpenMP threads on two cores (a
-test and the train.py it starts, or a neighbouring job) slow each other down many times over."""
+test and the train.py it starts, the two test workers of `pytest -n 2`, or a neighbouring job) slow each other
+down many times over."""
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the scripts the tests start
