@@ -262,6 +262,11 @@ VARIANTS = {
 # -----------------------------------------------------------------------------
 # Building blocks
 
+def widest_float(device):
+    """float64 for sums and sampling weights; float32 on MPS, which has no float64."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
 def norm(x):
     """RMSNorm without learnable weights."""
     return F.rms_norm(x, (x.size(-1),))
@@ -537,7 +542,7 @@ class TableOffload:
     def __init__(self, tables, device):
         self.device = torch.device(device)
         self.pinned = self.device.type == "cuda"
-        self.host = torch.stack([t.detach() for t in tables])   # (n_tables, |V|, C) in host memory
+        self.host = torch.stack([t.detach().cpu() for t in tables])   # (n_tables, |V|, C) in host memory, wherever they were
         if self.pinned:
             self.host = self.host.pin_memory()
         n, V, C = self.host.shape
@@ -902,8 +907,10 @@ class GPT(nn.Module):
         """(B, |V|) logits -> (B, 1) next tokens: greedy at temperature 0, else top-k sampling."""
         if temperature == 0:
             return logits.argmax(dim=-1, keepdim=True)
-        # float64 and the maximum subtracted first: a tiny temperature gives 0 and -inf (greedy), never NaN
-        logits = (logits.double() - logits.amax(dim=-1, keepdim=True)) / temperature
+        # float64 (float32 on MPS), the maximum subtracted first and the temperature at least the dtype's smallest
+        # normal number: a tiny temperature gives 0 and -inf (greedy), never NaN
+        wide = widest_float(logits.device)
+        logits = (logits.to(wide) - logits.amax(dim=-1, keepdim=True)) / max(temperature, torch.finfo(wide).tiny)
         if top_k:  # None or 0: the whole vocabulary
             kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -247,6 +247,19 @@ def test_bfloat16_decodes_under_autocast_with_a_bfloat16_cache(tiny, capsys, mon
     assert "torch.bfloat16 on cpu" in res.err and dtypes and set(dtypes) == {torch.bfloat16}
 
 
+def test_auto_dtype_is_bfloat16_only_where_the_gpu_has_it_in_hardware(monkeypatch):
+    """--dtype auto: bfloat16 from compute capability 8 (Ampere) on, float16 before, asked of --device's own GPU (an
+    H100 beside a V100 here); torch's is_bf16_supported() says yes for both (the V100 emulates bf16) and is not asked."""
+    capability = {0: (9, 0), 1: (7, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: capability[torch.device(d).index or 0])
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    monkeypatch.setattr(torch.version, "hip", None)
+    got = {d: sample.resolve_dtype("auto", d) for d in ("cuda", "cuda:0", "cuda:1", "cpu", "mps")}
+    assert got == {"cuda": torch.bfloat16, "cuda:0": torch.bfloat16, "cuda:1": torch.float16, "cpu": torch.float32,
+                   "mps": torch.float32}
+    assert sample.resolve_dtype("float32", "cuda:0") == torch.float32 and sample.resolve_dtype("bfloat16", "cpu") == torch.bfloat16
+
+
 def test_missing_checkpoint_is_one_line_and_a_nonzero_exit(tmp_path):
     p = subprocess.run([sys.executable, os.path.join(HERE, "sample.py"), "--ckpt", str(tmp_path / "nope.pt")],
                        capture_output=True, text=True, cwd=HERE)

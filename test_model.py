@@ -21,7 +21,8 @@ from torch.utils.serialization import config as serialization_config
 from bench import SDPA_FLOPS  # SDPA for the counter, backward = 2 x forward (nanochat's count) on CPU and CUDA
 from conftest import builds, finish, flip_tensor_byte, set_compression_method
 import model as model_module
-from model import GPT, GPTConfig, KVCache, PassContext, SIZES, TORCH_LEGACY_MAGIC, VARIANTS, unreadable_checkpoint
+from model import (GPT, GPTConfig, KVCache, PassContext, SIZES, TableOffload, TORCH_LEGACY_MAGIC, VARIANTS,
+                   unreadable_checkpoint, widest_float)
 
 # A tiny model that still has sliding windows: block 256 gives S windows of 128 tokens.
 TINY = dict(n_layer=6, n_embd=48, n_head=4, vocab_size=97, block_size=256, window_pattern="SSSL")
@@ -668,9 +669,12 @@ def test_generation_with_a_one_token_context():
     assert out.shape == (2, 8) and torch.equal(out, model.generate(seq, 7, temperature=0, use_cache=False))
 
 
-def test_sampling_at_a_tiny_temperature_is_greedy():
+@pytest.mark.parametrize("wide", [torch.float64, torch.float32])
+def test_sampling_at_a_tiny_temperature_is_greedy(wide, monkeypatch):
     """Logits of size ~10 over 1e-308 overflow even float64; sampling divides after subtracting the
-    maximum, so a tiny temperature gives the argmax (0 and -inf), not NaN probabilities."""
+    maximum, so a tiny temperature gives the argmax (0 and -inf), not NaN probabilities; so too in float32,
+    the widest float on MPS (widest_float), where 1e-308 is 0."""
+    monkeypatch.setattr(model_module, "widest_float", lambda device: wide)
     logits = 10 * torch.randn(4, 97, generator=torch.Generator().manual_seed(0))
     for t in (1e-308, 1e-40, 1e-3):
         assert torch.equal(GPT.sample_next(logits, temperature=t, generator=torch.Generator().manual_seed(1)),
@@ -999,6 +1003,10 @@ def test_a_fetch_that_failed_is_made_again_at_the_next_pass(monkeypatch):
     torch.testing.assert_close(logits[:, -1], expected, rtol=0, atol=1e-12)
 
 
+def test_the_widest_float_is_float64_but_on_mps():
+    assert [widest_float(d) for d in ("cpu", "cuda:1", torch.device("meta"), "mps")] == [torch.float64] * 3 + [torch.float32]
+
+
 def test_offloading_moves_everything_but_the_tables():
     """offload_tables(device) moves every parameter and buffer but the value tables, the rotary tables included (the
     meta device stands in for a GPU here: no data moves); the tables and their host copy stay in host memory."""
@@ -1009,6 +1017,18 @@ def test_offloading_moves_everything_but_the_tables():
     assert where == {n: "cpu" if n.startswith("tables.") else "meta" for n in where}
     off = model.offload
     assert (off.host.device.type, off.device_rows.device.type, off.slot.device.type) == ("cpu", "meta", "meta")
+
+    class OnTheGPU:  # a table parameter of a model built or loaded on the device, as TableOffload reads it
+        def __init__(self, t):
+            self.t = t
+
+        def detach(self):
+            return self
+
+        def cpu(self):
+            return self.t.clone()
+    host = TableOffload([OnTheGPU(torch.ones(8, 4)), OnTheGPU(torch.zeros(8, 4))], "meta").host  # on CUDA: then pinned
+    assert host.device.type == "cpu" and host.shape == (2, 8, 4) and host[0].eq(1).all() and host[1].eq(0).all()
 
 
 def test_offloaded_rows_are_read_from_the_device_row_cache():

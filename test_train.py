@@ -312,7 +312,7 @@ def test_validation_rows_score_every_token_once():
     assert np.array_equal(train.val_rows([np.arange(100)], 8, 8), [np.arange(9)])
 
 
-def test_bits_per_byte_against_the_formula():
+def test_bits_per_byte_against_the_formula(monkeypatch):
     """A model that predicts the uniform distribution loses ln|V| nats on every token."""
     V, T = 50, 8
     model = GPT(GPTConfig.preset("cpu", "bov", n_layer=1, n_embd=16, n_head=2, vocab_size=V, block_size=T))
@@ -324,6 +324,10 @@ def test_bits_per_byte_against_the_formula():
     assert r["val_loss"] == pytest.approx(math.log(V))
     expected = (targets % 4 > 0).sum() * math.log(V) / math.log(2) / token_bytes[targets].sum()
     assert r["val_bpb"] == pytest.approx(expected)
+    asked = []  # on MPS, which has no float64, the sums are float32 (model.widest_float)
+    monkeypatch.setattr(train, "widest_float", lambda device: asked.append(device) or torch.float32)
+    r32 = train.evaluate(model, rows, token_bytes, 2, torch.device("cpu"), train.nullcontext())
+    assert asked == [torch.device("cpu")] and r32["val_bpb"] == pytest.approx(expected, rel=1e-6)
 
 
 # ---------------------------------------------------------------------------- training runs
@@ -578,7 +582,8 @@ def test_dtype_sets_the_autocast_of_training(data_dir):
     assert train.autocast_dtype({"dtype": "auto"}, torch.device("cpu")) == torch.float32
     model = GPT(GPTConfig.preset("cpu", "bov", n_layer=2, n_embd=32, n_head=2, vocab_size=64, block_size=16))
     for dtype, enabled in (("bfloat16", True), ("float32", False), ("auto", False)):
-        _, autocast, _ = train.training_model({"dtype": dtype, "compile": "false"}, model, torch.device("cpu"), False)
+        _, autocast, _, line = train.training_model({"dtype": dtype, "compile": "false"}, model, torch.device("cpu"), False)
+        assert line == f"device: cpu, {'bfloat16 autocast' if enabled else 'float32'}, eager"
         with autocast:
             assert torch.is_autocast_enabled("cpu") == enabled
             assert not enabled or torch.get_autocast_dtype("cpu") == torch.bfloat16
@@ -1278,6 +1283,23 @@ def test_device_cuda_without_an_index_selects_gpu_0(monkeypatch):
                                                 r"is not usable here: CUDA error: invalid device ordinal$"):
         train.setup_device({"device": "auto"})
     assert train.RUN["alike"] is False  # this rank's own: it reports it, named (the ranks before it have GPUs)
+
+
+def test_auto_finds_no_gpu_for_a_paper_size_and_says_why(monkeypatch):
+    """--device=auto without a GPU trains the cpu size on the CPU, and refuses a paper size (weeks there), naming the
+    cause: a CPU build of torch, or a CUDA build that sees no GPU (a driver older than its CUDA); --device=cpu runs it."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    monkeypatch.setattr(train, "keep_freed_memory", lambda device: False)
+    assert train.setup_device({"device": "auto", "size": "cpu"}) == torch.device("cpu")
+    assert train.setup_device({"device": "cpu", "size": "paper_780m"}) == torch.device("cpu")
+    for cuda, why in ((None, f"this torch ({torch.__version__}) is built without CUDA: install its CUDA build"),
+                      ("13.0", "check that the NVIDIA driver is new enough for this torch's CUDA 13.0")):
+        monkeypatch.setattr(torch.version, "cuda", cuda)
+        with pytest.raises(train.ConfigError) as e:
+            train.setup_device({"device": "auto", "size": "paper_135m"})
+        assert str(e.value) == (f"--device=auto found no GPU, and --size=paper_135m would train on the CPU for weeks; {why} "
+                                "(README, GPU quick start), or pass --device=cpu to run it there anyway")
 
 
 def test_data_being_written_is_said_so(data_dir, tmp_path, monkeypatch):

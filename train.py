@@ -47,7 +47,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from model import GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory, unreadable_checkpoint
+from model import (GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, out_of_memory, unreadable_checkpoint,
+                   widest_float)
 from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, being_written, handle_signals, load_meta, load_token_bytes,
                           load_tokenizer, load_tokens, lock_folder, missing_top, out_dir_problem, prepare_command,
                           reconfigure_stdout, remove_unused, silence_stdout, tokenizer_sha256, whole_number, write_json)
@@ -455,15 +456,16 @@ def evaluate(model, rows, token_bytes, batch_size, device, autocast, rank=0, wor
     the targets that are text (special tokens have 0 bytes and are left out, as in nanochat) / ln 2 / their
     summed UTF-8 bytes."""
     model.eval()
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # nats, tokens, text nats, text bytes
+    wide = widest_float(device)
+    sums = torch.zeros(4, dtype=wide, device=device)  # nats, tokens, text nats, text bytes
     tb = torch.as_tensor(token_bytes, device=device)
     for i in range(rank * batch_size, len(rows), world * batch_size):
         x, y = to_batch(rows[i:i + batch_size], 0, device)  # val rows are never padded: the bos_id is unused
         with autocast:
             _, loss = model(x, y, reduction="none")
         nbytes = tb[y.clamp(min=0)] * (y >= 0)
-        sums += torch.stack([loss.double().sum(), (y >= 0).sum().double(),
-                             (loss.double() * (nbytes > 0)).sum(), nbytes.sum().double()])
+        loss = loss.to(wide)
+        sums += torch.stack([loss.sum(), (y >= 0).sum().to(wide), (loss * (nbytes > 0)).sum(), nbytes.sum().to(wide)])
     if world > 1:
         dist.all_reduce(sums)
     model.train()
@@ -665,6 +667,11 @@ def setup_device(s):
     name = s["device"]
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else ("mps" if torch.backends.mps.is_available() else "cpu")
+        if name == "cpu" and s["size"] != "cpu":  # a CPU build of torch, or a driver older than its CUDA
+            why = (f"this torch ({torch.__version__}) is built without CUDA: install its CUDA build" if not torch.version.cuda
+                   else f"check that the NVIDIA driver is new enough for this torch's CUDA {torch.version.cuda}")
+            raise ConfigError(f"--device=auto found no GPU, and --size={s['size']} would train on the CPU for weeks; {why} "
+                              f"(README, GPU quick start), or pass --device=cpu to run it there anyway")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ConfigError(f"--device={name} but no CUDA device is visible")
@@ -898,21 +905,27 @@ def autocast_dtype(s, dev):
             "bfloat16": torch.bfloat16}[s["dtype"]]
 
 
-def training_model(s, model, dev, ddp):
+def training_model(s, model, dev, ddp, world=1):
     """The model the loop calls, compiled and DDP-wrapped as the settings say -> (train_model, autocast,
-    peak: the GPU's dense bf16 FLOP/s, or None where unknown)."""
+    peak: the GPU's dense bf16 FLOP/s or None where unknown, the line that says how it runs)."""
     use_cuda = dev.type == "cuda"
     if use_cuda:
         torch.set_float32_matmul_precision("high")  # TF32
-    autocast = sample_autocast(dev, autocast_dtype(s, dev))
+    dtype = autocast_dtype(s, dev)
+    autocast = sample_autocast(dev, dtype)
     train_model = model
-    if s["compile"] == "true" or (s["compile"] == "auto" and use_cuda):
+    compiled = s["compile"] == "true" or (s["compile"] == "auto" and use_cuda)
+    if compiled:
         train_model = torch.compile(model)
     if ddp:
         from torch.nn.parallel import DistributedDataParallel
         train_model = DistributedDataParallel(train_model, device_ids=[dev.index] if use_cuda else None)
     peak = peak_flops(torch.cuda.get_device_name(dev)) if use_cuda else None
-    return train_model, autocast, peak
+    line = (f"device: {dev}" + (f" ({torch.cuda.get_device_name(dev)})" if use_cuda else "")
+            + (f" x {world} ranks (DDP)" if ddp else "")
+            + (f", {str(dtype).removeprefix('torch.')} autocast" if dtype != torch.float32 else ", float32")
+            + (", torch.compile" if compiled else ", eager"))
+    return train_model, autocast, peak, line
 
 
 def main(argv):
@@ -977,7 +990,8 @@ def run(argv):
     metrics_path = os.path.join(s["out_dir"], "metrics.jsonl")
     if master and s["resume"]:  # the checkpoint's metrics, without any logged after it
         write_jsonl(metrics_path, metrics)
-    train_model, autocast, peak = training_model(s, model, dev, ddp)
+    train_model, autocast, peak, line = training_model(s, model, dev, ddp, world)
+    log(line)
 
     def checkpoint(step, smooth):
         """ckpt.pt, then metrics.jsonl to match it; a Ctrl-C meanwhile is raised once both are written."""
