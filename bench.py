@@ -709,9 +709,10 @@ def parse_args(argv=None):
     p.add_argument("--decode_batch", type=int, default=1, help="sequences decoded together in the speed runs (default 1)")
     p.add_argument("--serve_batch", type=int, default=32, help="batch of the analytic KV-cache table (default 32)")
     p.add_argument("--quick", action="store_true", help="a smoke run: --rounds 1 --steps 4 --batch 2 unless given")
-    p.add_argument("--device", default="cuda" if cuda else "cpu", help="cpu | cuda | cuda:N")
+    p.add_argument("--device", default="cuda" if cuda else "cpu", help="cpu | cuda | cuda:N | mps")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="autocast dtype of the measured runs; auto = bfloat16 (float16 without bf16) on CUDA, float32 elsewhere")
+                   help="autocast dtype of the measured runs; auto = bfloat16 on CUDA from Ampere (compute capability 8) on, "
+                        "float16 before, float32 elsewhere")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
                    help="torch CPU threads (default: the cores this process may use)")
     p.add_argument("--compile", action="store_true", help="torch.compile both presets' decoders (dynamic shapes) and "

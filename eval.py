@@ -408,7 +408,7 @@ def evaluate_core(model, tokenizer, bundle_dir=None, tasks=None, max_per_task=No
     CORE tasks (all 21 by default) of the bundle (None: the cached or downloaded one), or on
     `loaded`, what load_bundle returned (train.py reads the bundle before training, and only then).
     max_per_task evaluates the first N items of each task after a fixed shuffle. dtype is the autocast
-    dtype (None: bfloat16 on CUDA, float16 without bf16, float32 elsewhere, as --dtype auto). Returns
+    dtype (None: bfloat16 on CUDA from Ampere on, float16 before, float32 elsewhere, as --dtype auto). Returns
     {"core", "tasks": {label: {"accuracy", "centered", "random_baseline", "items", "shots", "kind"}},
      "max_per_task", "bundle"}; core is the mean centered accuracy of the tasks evaluated."""
     if max_per_task is not None and max_per_task < 1:
@@ -480,7 +480,8 @@ def main(argv=None):
     p.add_argument("--bundle", help="unzipped eval_bundle folder (default: ~/.cache/bov/eval_bundle, downloaded once)")
     p.add_argument("--batch_size", type=int, default=16, help="sequences per forward pass (default 16)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="autocast dtype; auto = bfloat16 (float16 without bf16) on CUDA, float32 elsewhere")
+                   help="autocast dtype; auto = bfloat16 on CUDA from Ampere (compute capability 8) on, "
+                        "float16 before, float32 elsewhere")
     p.add_argument("--out", help="the results file (default: core_eval.json, or core_eval_partial.json, beside the "
                    "checkpoint); for a checkpoint in a folder you cannot write to")
     args = p.parse_args(argv)

@@ -254,7 +254,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1337, help="seed of the sampling generator (default 1337)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu | cuda | cuda:N | mps")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="autocast dtype; auto = bfloat16 (float16 without bf16) on CUDA, float32 elsewhere")
+                   help="autocast dtype; auto = bfloat16 on CUDA from Ampere (compute capability 8) on, "
+                        "float16 before, float32 elsewhere")
     p.add_argument("--compile", action="store_true", help="torch.compile the model with dynamic shapes (the "
                    "cached context grows every step); the first steps are slow while it compiles")
     p.add_argument("--offload_tables", action="store_true", help="keep the value tables in host memory and fetch "

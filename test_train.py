@@ -84,9 +84,10 @@ def test_dry_run_takes_the_vocabulary_the_real_run_would(data_dir, capsys):
     train.main([*TINY, f"--data_dir={data_dir}", "--max_iters=3", "--dry_run"])
     out = capsys.readouterr().out
     assert '"vocab_size": 300' in out and "WARNING" not in out
-    # 2 warm-up steps and 2 of warmdown out of 3: no constant phase, said (6 steps: 2 + 4, step 2 at the peak)
+    # 2 warm-up steps and 2 of warmdown out of 3: no constant phase, said (6 steps: 2 + 4, step 2 at the peak); the
+    # note's step 3 is the log's "step 3/3", whose lrm is 0.53
     assert "note: the warmdown (the last 2 of 3 steps) begins before the warm-up ends: the rate rises to its peak " \
-           "over 2 steps, then drops to 0.53 of it at step 2, with no constant phase" in out
+           "over 2 steps, then drops to 0.53 of it at step 3, with no constant phase" in out
     assert train.lr_multiplier(2, 3, 2, 0.65, 0.05) == pytest.approx(0.525)
     train.main([*TINY, f"--data_dir={data_dir}", "--max_iters=6", "--dry_run"])
     assert "warm-up ends" not in capsys.readouterr().out

@@ -803,11 +803,12 @@ def plan(s, model_overrides, world, log):
         log(f"WARNING: warmup_iters={s['warmup_iters']} is not below the run's {iters} iterations: the whole run is "
             f"warm-up; lower --warmup_iters or raise the budget")
     # the first step after the warm-up below the peak: the warmdown began before the warm-up ended (e.g. --max_iters=20:
-    # 10 warm-up steps, 13 of warmdown); 0.995, so that a drop the note would print as 1.00 is not told of
+    # 10 warm-up steps, 13 of warmdown); 0.995, so that a drop the note would print as 1.00 is not told of. Steps are
+    # counted from 1 there, as in the log's "step N/M" lines (lr_multiplier's step is 0-based)
     elif (after := lr_multiplier(s["warmup_iters"], iters, s["warmup_iters"], s["warmdown_frac"], s["final_lr_frac"])) < 0.995:
         log(f"note: the warmdown (the last {round(s['warmdown_frac'] * iters)} of {iters} steps) begins before the "
             f"warm-up ends: the rate rises to its peak over {s['warmup_iters']} steps, then drops to {after:.2f} of it "
-            f"at step {s['warmup_iters']}, with no constant phase (lower --warmup_iters or --warmdown_frac to keep one)")
+            f"at step {s['warmup_iters'] + 1}, with no constant phase (lower --warmup_iters or --warmdown_frac to keep one)")
     if s["dry_run"] and meta is not None and tokens > meta["train_tokens"]:  # the real run counts rows (padding included)
         log(f"WARNING: this run would read about {tokens / meta['train_tokens']:.2f} epochs of {s['data_dir']} "
             f"({meta['train_tokens']:,} train tokens); {EPOCH_ADVICE}")
