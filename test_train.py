@@ -577,6 +577,23 @@ def test_mfu_divides_by_the_gpus_own_dense_bf16_peak():
     assert round(train.mfu(759_693_312, 524_288, 989e12, 8), 3) == 5.034
 
 
+@pytest.mark.filterwarnings("ignore:CUDA is not available")  # torch.autocast("cuda") on a CPU build: the test needs none
+def test_mfu_is_against_the_bf16_peak_so_only_for_bf16_training(monkeypatch):
+    """On a listed GPU a bf16 run gets its peak for MFU and says how it runs; a float32 run (TF32 matmuls, another
+    peak) gets none, rather than an MFU against the bf16 peak."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    precision = torch.get_float32_matmul_precision()  # training_model sets TF32 for CUDA: put back for the next tests
+    model = GPT(GPTConfig.preset("cpu", "bov", n_layer=2, n_embd=32, n_head=2, vocab_size=64, block_size=16))
+    try:
+        got = {d: train.training_model({"dtype": d, "compile": "false"}, model, torch.device("cuda:0"), False)[2:]
+               for d in ("auto", "bfloat16", "float32")}
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    assert got == {"auto": (989e12, "device: cuda:0 (NVIDIA H100 80GB HBM3), bfloat16 autocast, eager"),
+                   "bfloat16": (989e12, "device: cuda:0 (NVIDIA H100 80GB HBM3), bfloat16 autocast, eager"),
+                   "float32": (None, "device: cuda:0 (NVIDIA H100 80GB HBM3), float32, eager")}
+
+
 def test_dtype_sets_the_autocast_of_training(data_dir):
     """--dtype auto is bf16 on CUDA and fp32 (no autocast) elsewhere; the training model's autocast follows it."""
     assert train.autocast_dtype({"dtype": "auto"}, torch.device("cuda")) == torch.bfloat16

@@ -908,7 +908,7 @@ def autocast_dtype(s, dev):
 
 def training_model(s, model, dev, ddp, world=1):
     """The model the loop calls, compiled and DDP-wrapped as the settings say -> (train_model, autocast,
-    peak: the GPU's dense bf16 FLOP/s or None where unknown, the line that says how it runs)."""
+    peak: the GPU's dense bf16 FLOP/s, None where unknown or not training in bf16, the line that says how it runs)."""
     use_cuda = dev.type == "cuda"
     if use_cuda:
         torch.set_float32_matmul_precision("high")  # TF32
@@ -921,7 +921,8 @@ def training_model(s, model, dev, ddp, world=1):
     if ddp:
         from torch.nn.parallel import DistributedDataParallel
         train_model = DistributedDataParallel(train_model, device_ids=[dev.index] if use_cuda else None)
-    peak = peak_flops(torch.cuda.get_device_name(dev)) if use_cuda else None
+    # MFU is against the GPU's bf16 peak (PEAK_FLOPS): a float32 run's TF32 matmuls have another, so it gets none
+    peak = peak_flops(torch.cuda.get_device_name(dev)) if use_cuda and dtype == torch.bfloat16 else None
     line = (f"device: {dev}" + (f" ({torch.cuda.get_device_name(dev)})" if use_cuda else "")
             + (f" x {world} ranks (DDP)" if ddp else "")
             + (f", {str(dtype).removeprefix('torch.')} autocast" if dtype != torch.float32 else ", float32")
