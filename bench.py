@@ -182,8 +182,12 @@ def measured_flops(cfg, device):
 # measured: speed and memory
 
 def sync(device):
-    if torch.device(device).type == "cuda":
+    """Wait for the device's queued work, so that a timing includes it."""
+    kind = torch.device(device).type
+    if kind == "cuda":
         torch.cuda.synchronize(device)  # the bench's GPU, not the current one (cuda:0 unless set)
+    elif kind == "mps":
+        torch.mps.synchronize()
 
 
 class LiveBytes(TorchDispatchMode):

@@ -905,6 +905,8 @@ class GPT(nn.Module):
     @staticmethod
     def sample_next(logits, temperature=1.0, top_k=None, generator=None):
         """(B, |V|) logits -> (B, 1) next tokens: greedy at temperature 0, else top-k sampling."""
+        if not temperature >= 0:  # NaN too; below, a negative one would turn into the greedy one
+            raise ValueError(f"temperature must be 0 (greedy) or more, not {temperature}")
         if temperature == 0:
             return logits.argmax(dim=-1, keepdim=True)
         # float64 (float32 on MPS), the maximum subtracted first and the temperature at least the dtype's smallest

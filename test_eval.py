@@ -612,6 +612,7 @@ def test_dtype_sets_the_autocast_of_the_forward(tmp_path, monkeypatch):
         assert set(model.modes) == {expect} and res["tasks"]["copa"]["accuracy"] == expected_accuracy(items)
     seen = []  # auto on CUDA, without a GPU: bf16 where the GPU has it, else fp16
     monkeypatch.setattr(ev, "evaluate_task", lambda *a, **k: (seen.append(a[-1]), 1.0)[1])
+    monkeypatch.setattr(torch.version, "hip", None)  # a CUDA build's answer (ROCm's is bf16 on every GPU)
     for major in (8, 7):  # an A100, a V100
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (major, 0))
         ev.evaluate_core(Recording(), CharTokenizer(), bundle, tasks=["copa"], device="cuda")

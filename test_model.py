@@ -674,11 +674,16 @@ def test_sampling_at_a_tiny_temperature_is_greedy(wide, monkeypatch):
     """Logits of size ~10 over 1e-308 overflow even float64; sampling divides after subtracting the
     maximum, so a tiny temperature gives the argmax (0 and -inf), not NaN probabilities; so too in float32,
     the widest float on MPS (widest_float), where 1e-308 is 0."""
-    monkeypatch.setattr(model_module, "widest_float", lambda device: wide)
+    asked = []
+    monkeypatch.setattr(model_module, "widest_float", lambda device: asked.append(device) or wide)
     logits = 10 * torch.randn(4, 97, generator=torch.Generator().manual_seed(0))
     for t in (1e-308, 1e-40, 1e-3):
         assert torch.equal(GPT.sample_next(logits, temperature=t, generator=torch.Generator().manual_seed(1)),
                            logits.argmax(-1, keepdim=True))
+    assert asked == [logits.device] * 3
+    for t in (-1.0, float("nan")):  # a negative temperature is no greedy one
+        with pytest.raises(ValueError, match=f"^temperature must be 0 \\(greedy\\) or more, not {t}$"):
+            GPT.sample_next(logits, temperature=t)
 
 
 @pytest.mark.parametrize("variant", ["baseline", "bov", "svformer", "bov_keep_v", "value_embed_gated", "bov_shared_table",

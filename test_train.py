@@ -1311,13 +1311,16 @@ def test_auto_finds_no_gpu_for_a_paper_size_and_says_why(monkeypatch):
     monkeypatch.setattr(train, "keep_freed_memory", lambda device: False)
     assert train.setup_device({"device": "auto", "size": "cpu"}) == torch.device("cpu")
     assert train.setup_device({"device": "cpu", "size": "paper_780m"}) == torch.device("cpu")
-    for cuda, why in ((None, f"this torch ({torch.__version__}) is built without CUDA: install its CUDA build"),
-                      ("13.0", "check that the NVIDIA driver is new enough for this torch's CUDA 13.0")):
+    for cuda, hip, why in ((None, None, f"this torch, {torch.__version__}, is built without CUDA"),
+                           ("13.0", None, "none in this machine, hidden by CUDA_VISIBLE_DEVICES, or a driver older than "
+                                          "this torch's CUDA 13.0"),
+                           (None, "7.1", "none visible to this ROCm build of torch")):
         monkeypatch.setattr(torch.version, "cuda", cuda)
+        monkeypatch.setattr(torch.version, "hip", hip)
         with pytest.raises(train.ConfigError) as e:
             train.setup_device({"device": "auto", "size": "paper_135m"})
-        assert str(e.value) == (f"--device=auto found no GPU, and --size=paper_135m would train on the CPU for weeks; {why} "
-                                "(README, GPU quick start), or pass --device=cpu to run it there anyway")
+        assert str(e.value) == (f"--device=auto found no GPU ({why}), and --size=paper_135m is meant for one; pass "
+                                "--device=cpu to run it on the CPU anyway (README, GPU quick start)")
 
 
 def test_data_being_written_is_said_so(data_dir, tmp_path, monkeypatch):

@@ -667,11 +667,16 @@ def setup_device(s):
     name = s["device"]
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else ("mps" if torch.backends.mps.is_available() else "cpu")
-        if name == "cpu" and s["size"] != "cpu":  # a CPU build of torch, or a driver older than its CUDA
-            why = (f"this torch ({torch.__version__}) is built without CUDA: install its CUDA build" if not torch.version.cuda
-                   else f"check that the NVIDIA driver is new enough for this torch's CUDA {torch.version.cuda}")
-            raise ConfigError(f"--device=auto found no GPU, and --size={s['size']} would train on the CPU for weeks; {why} "
-                              f"(README, GPU quick start), or pass --device=cpu to run it there anyway")
+        if name == "cpu" and s["size"] != "cpu":  # a paper size, meant for a GPU: say why none was found
+            if torch.version.cuda:
+                why = (f"none in this machine, hidden by CUDA_VISIBLE_DEVICES, or a driver older than this torch's CUDA "
+                       f"{torch.version.cuda}")
+            elif torch.version.hip:
+                why = "none visible to this ROCm build of torch"
+            else:
+                why = f"this torch, {torch.__version__}, is built without CUDA"
+            raise ConfigError(f"--device=auto found no GPU ({why}), and --size={s['size']} is meant for one; pass "
+                              f"--device=cpu to run it on the CPU anyway (README, GPU quick start)")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ConfigError(f"--device={name} but no CUDA device is visible")
