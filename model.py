@@ -700,8 +700,9 @@ class GPT(nn.Module):
         batch, or a batch that is not the cache's."""
         if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"idx must be a (batch, time) tensor of int64 or int32 token ids, got shape {tuple(idx.shape)} dtype {idx.dtype}")
-        if idx.numel() and (idx.min() < 0 or idx.max() >= self.config.vocab_size):
-            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got min {idx.min().item()} max {idx.max().item()}")
+        lo, hi = torch.stack(torch.aminmax(idx)).tolist() if idx.numel() else (0, 0)  # one read from the device, not two
+        if lo < 0 or hi >= self.config.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got min {lo} max {hi}")
         limit = self.config.block_size if cache is None else cache.max_len - cache.pos
         if idx.size(1) > limit:
             what = f"block_size {self.config.block_size}" if cache is None else f"the {cache.max_len - cache.pos} positions left in the KV cache"
