@@ -26,12 +26,14 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def builds(size, variant, **overrides):
     """Whether the size has the variant's target layers (a researcher's variant may list indices past its depth:
-    README "A new variant")."""
-    from model import GPTConfig
-    try:
-        GPTConfig.preset(size, variant, **overrides)
-    except ValueError:
+    README "A new variant"). Any other refusal of the variant is raised, so that a mistake in it fails the tests
+    rather than skipping them."""
+    from model import GPTConfig, SIZES, VARIANTS
+    layers = {**VARIANTS.get(variant, {}), **overrides}.get("bov_layers")
+    depth = overrides.get("n_layer", SIZES[size]["n_layer"])
+    if isinstance(layers, (tuple, list)) and any(isinstance(i, int) and i >= depth for i in layers):
         return False
+    GPTConfig.preset(size, variant, **overrides)
     return True
 
 

@@ -45,6 +45,17 @@ def at_tiny(variants=VARIANTS, where=lambda cfg: True):
             for v in variants if not fits_tiny(v) or where(tiny(v))]
 
 
+def test_only_a_variant_whose_layers_are_past_the_depth_is_skipped(monkeypatch):
+    """conftest.builds: a variant listing layers the size lacks does not build there (its tests skip it); any other
+    mistake in a variant is raised, failing the tests rather than skipping them."""
+    monkeypatch.setitem(VARIANTS, "deep", dict(VARIANTS["bov"], bov_layers=(8, 9)))
+    monkeypatch.setitem(VARIANTS, "typo", dict(VARIANTS["bov"], value_source="tabel"))
+    assert builds("paper_135m", "deep") and not builds("cpu", "deep") and not fits_tiny("deep")
+    assert at_tiny(["bov", "deep"])[0] == "bov" and at_tiny(["bov", "deep"])[1].marks[0].name == "skip"
+    with pytest.raises(ValueError, match="value_source must be 'table', 'x0', 'v1' or 'x', got 'tabel' \\(size cpu, variant typo\\)$"):
+        builds("cpu", "typo")
+
+
 def seeded(seed, variant="baseline", **kw):
     """GPT(tiny(variant, **kw)) made right after torch.manual_seed(seed): models of two variants from one seed
     start with the same values in every weight they share."""
