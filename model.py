@@ -119,7 +119,7 @@ class GPTConfig:
 
     def windows(self):
         """Attention window of every layer, in tokens including the query itself (nanochat's SSSL)."""
-        short = math.ceil(self.block_size / 4 / 128) * 128  # a quarter of the context, rounded up to 128 (cpu: 128, a half)
+        short = math.ceil(self.block_size / 4 / 128) * 128  # a quarter of the context, rounded up to a multiple of 128 (cpu: 128, a half)
         size = {"L": self.block_size, "S": min(short, self.block_size)}
         w = [size[self.window_pattern[i % len(self.window_pattern)]] for i in range(self.n_layer)]
         w[-1] = self.block_size
@@ -884,6 +884,7 @@ class GPT(nn.Module):
         block (without the cache, the context is simply cropped to the last block_size tokens)."""
         cfg = self.config
         self.check_ids(idx)
+        check_temperature(temperature)  # before the prefill, not at the first sample after it
         if self.offload is not None:
             self.offload.reset()
         cache, seq, nxt = None, idx, None
@@ -906,8 +907,7 @@ class GPT(nn.Module):
     @staticmethod
     def sample_next(logits, temperature=1.0, top_k=None, generator=None):
         """(B, |V|) logits -> (B, 1) next tokens: greedy at temperature 0, else top-k sampling."""
-        if not temperature >= 0:  # NaN too; below, a negative one would turn into the greedy one
-            raise ValueError(f"temperature must be 0 (greedy) or more, not {temperature}")
+        check_temperature(temperature)
         if temperature == 0:
             return logits.argmax(dim=-1, keepdim=True)
         # float64 (float32 on MPS), the maximum subtracted first and the temperature at least the dtype's smallest
@@ -965,6 +965,13 @@ class GPT(nn.Module):
 
 # -----------------------------------------------------------------------------
 # Helpers for the scripts' one-line errors and for `python model.py` (not part of the model)
+
+def check_temperature(t):
+    """ValueError unless 0 <= t < inf: below 0 the clamp in sample_next would make it greedy, at inf top_k would keep
+    every token, and NaN samples nothing."""
+    if not 0 <= t < math.inf:
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), not {t}")
+
 
 def first_line(e, limit=200):
     """An exception's first non-empty line (or its type's name), cut to `limit` characters (None: whole):

@@ -39,7 +39,8 @@ def fits_tiny(variant):
 
 def at_tiny(variants=VARIANTS, where=lambda cfg: True):
     """pytest params of the variants whose test-model config satisfies `where`; one whose layers the test model
-    lacks is skipped with its reason (not left out unseen, and not failing the whole file at collection)."""
+    lacks is skipped with its reason (not left out unseen, and not failing the whole file at collection); any other
+    refusal of a variant stops the run at collection, naming it."""
     return [v if fits_tiny(v) else pytest.param(v, marks=pytest.mark.skip(
         reason=f"{v}'s layers {VARIANTS[v]['bov_layers']} are not in the {TINY['n_layer']}-layer test model"))
             for v in variants if not fits_tiny(v) or where(tiny(v))]
@@ -52,6 +53,9 @@ def test_only_a_variant_whose_layers_are_past_the_depth_is_skipped(monkeypatch):
     monkeypatch.setitem(VARIANTS, "typo", dict(VARIANTS["bov"], value_source="tabel"))
     assert builds("paper_135m", "deep") and not builds("cpu", "deep") and not fits_tiny("deep")
     assert at_tiny(["bov", "deep"])[0] == "bov" and at_tiny(["bov", "deep"])[1].marks[0].name == "skip"
+    for layers in ("8,9", 8, [3, 8]):  # every spelling GPTConfig takes
+        assert not builds("cpu", "bov", bov_layers=layers) and builds("paper_135m", "bov", bov_layers=layers)
+    assert not builds("cpu", "bov", n_layer=4, bov_layers=(4, 5)) and builds("cpu", "bov", n_layer=8, bov_layers=(6, 7))
     with pytest.raises(ValueError, match="value_source must be 'table', 'x0', 'v1' or 'x', got 'tabel' \\(size cpu, variant typo\\)$"):
         builds("cpu", "typo")
 
@@ -692,9 +696,14 @@ def test_sampling_at_a_tiny_temperature_is_greedy(wide, monkeypatch):
         assert torch.equal(GPT.sample_next(logits, temperature=t, generator=torch.Generator().manual_seed(1)),
                            logits.argmax(-1, keepdim=True))
     assert asked == [logits.device] * 3
-    for t in (-1.0, float("nan")):  # a negative temperature is no greedy one
-        with pytest.raises(ValueError, match=f"^temperature must be 0 \\(greedy\\) or more, not {t}$"):
+    for t in (-1.0, float("nan"), float("inf")):  # a negative temperature is no greedy one; inf would drop top_k
+        with pytest.raises(ValueError, match=f"^temperature must be a finite number >= 0 \\(0: greedy\\), not {t}$"):
             GPT.sample_next(logits, temperature=t)
+    model, prefilled = GPT(tiny("bov")), []
+    monkeypatch.setattr(model, "forward", lambda *a, **k: prefilled.append(1))
+    with pytest.raises(ValueError, match="^temperature must be"):  # refused before the prompt's forward
+        next(model.stream(torch.zeros(1, 3, dtype=torch.long), 5, temperature=-1.0))
+    assert prefilled == []
 
 
 @pytest.mark.parametrize("variant", ["baseline", "bov", "svformer", "bov_keep_v", "value_embed_gated", "bov_shared_table",
@@ -825,6 +834,8 @@ def test_coefficient_values_at_init():
 @pytest.mark.parametrize("bad_ids, message", [
     (torch.tensor([[1, 2, -1]]), "token ids must be in"),
     (torch.tensor([[1, 2, 97]]), "token ids must be in"),
+    (torch.tensor([[1, 2, -1]], dtype=torch.int32), "got min -1 max 2$"),
+    (torch.tensor([[1, 2**31 - 1]], dtype=torch.int32), "got min 1 max 2147483647$"),
     (torch.zeros(1, 257, dtype=torch.long), "longer than block_size"),
     (torch.zeros(3, dtype=torch.long), "(batch, time)"),
     (torch.zeros(1, 3), "int64"),

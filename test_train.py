@@ -1304,8 +1304,9 @@ def test_device_cuda_without_an_index_selects_gpu_0(monkeypatch):
 
 
 def test_auto_finds_no_gpu_for_a_paper_size_and_says_why(monkeypatch):
-    """--device=auto without a GPU trains the cpu size on the CPU, and refuses a paper size (weeks there), naming the
-    cause: a CPU build of torch, or a CUDA build that sees no GPU (a driver older than its CUDA); --device=cpu runs it."""
+    """--device=auto without a GPU trains the cpu size on the CPU, and refuses a paper size (meant for a GPU), naming
+    the possible causes: a CPU build of torch, a CUDA build that sees no GPU (none, CUDA_VISIBLE_DEVICES, a driver
+    older than its CUDA), a ROCm build that sees none; --device=cpu runs it."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
     monkeypatch.setattr(train, "keep_freed_memory", lambda device: False)
