@@ -3,7 +3,6 @@ second thread buys nothing, while two processes that each spin two OpenMP thread
 test and the train.py it starts, the two test workers of `pytest -n 2`, or a neighbouring job) slow each other
 down many times over."""
 import os
-import re
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the scripts the tests start
 
@@ -31,12 +30,9 @@ def builds(size, variant, **overrides):
     rather than skipping them."""
     from model import GPTConfig, SIZES, VARIANTS
     if size in SIZES and variant in VARIANTS:  # else preset() below says what is unknown
-        layers = {**VARIANTS[variant], **overrides}.get("bov_layers")
-        if isinstance(layers, str) and re.fullmatch(r"[\d,\s]+", layers):  # the spellings GPTConfig takes: "8,9", 8, [8, 9]
-            layers = [int(i) for i in layers.split(",") if i.strip()]
-        layers = [layers] if isinstance(layers, int) else layers
+        layers = GPTConfig.layer_spec({**VARIANTS[variant], **overrides}.get("bov_layers"))  # "8,9", 8, [8, 9]: a tuple
         depth = overrides.get("n_layer", SIZES[size]["n_layer"])
-        if isinstance(layers, (tuple, list)) and any(isinstance(i, int) and i >= depth for i in layers):
+        if isinstance(layers, tuple) and any(isinstance(i, int) and i >= depth for i in layers):
             return False
     GPTConfig.preset(size, variant, **overrides)
     return True

@@ -66,13 +66,18 @@ class GPTConfig:
     shared_table: bool = False   # one E_v for all target layers instead of one per layer (Fig 5b ablation)
 
     def __post_init__(self):
-        spec = self.bov_layers
-        if isinstance(spec, str) and re.fullmatch(r"\s*\d+(\s*,\s*\d+)*\s*", spec):  # "4,5" from a command line
-            spec = tuple(int(i) for i in spec.split(","))
-        elif isinstance(spec, int) and not isinstance(spec, bool):  # one layer
-            spec = (spec,)
-        self.bov_layers = tuple(spec) if isinstance(spec, list) else spec
+        self.bov_layers = self.layer_spec(self.bov_layers)
         self.validate()
+
+    @staticmethod
+    def layer_spec(spec):
+        """bov_layers as given -> as held: "4,5" (from a command line), 4 (one layer) and a list become a tuple; a
+        named set ("last_third", ...) stays as it is (validate() checks both)."""
+        if isinstance(spec, str) and re.fullmatch(r"\s*\d+(\s*,\s*\d+)*\s*", spec):
+            return tuple(int(i) for i in spec.split(","))
+        if isinstance(spec, int) and not isinstance(spec, bool):
+            return (spec,)
+        return tuple(spec) if isinstance(spec, list) else spec
 
     # -- named presets --------------------------------------------------------
 

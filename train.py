@@ -926,9 +926,10 @@ def training_model(s, model, dev, ddp, world=1):
     if ddp:
         from torch.nn.parallel import DistributedDataParallel
         train_model = DistributedDataParallel(train_model, device_ids=[dev.index] if use_cuda else None)
+    gpu = torch.cuda.get_device_name(dev) if use_cuda else None
     # MFU is against the GPU's bf16 peak (PEAK_FLOPS): a float32 run's TF32 matmuls have another, so it gets none
-    peak = peak_flops(torch.cuda.get_device_name(dev)) if use_cuda and dtype == torch.bfloat16 else None
-    line = (f"device: {dev}" + (f" ({torch.cuda.get_device_name(dev)})" if use_cuda else "")
+    peak = peak_flops(gpu) if gpu and dtype == torch.bfloat16 else None
+    line = (f"device: {dev}" + (f" ({gpu})" if gpu else "")
             + (f" x {world} ranks (DDP)" if ddp else "")
             + (f", {str(dtype).removeprefix('torch.')} autocast" if dtype != torch.float32 else ", float32")
             + (", torch.compile" if compiled else ", eager"))
