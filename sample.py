@@ -9,8 +9,9 @@ Sample from a trained bov model, streaming the text to stdout as the tokens are 
 Decoding uses the KV cache of model.py: the prompt is prefilled once, then every step feeds one
 token. A Bank of Values layer caches no V: it keeps only the token ids and gathers gamma_v E_v[ids]
 again at each step (the paper's Section 4, "Inference"). With --offload_tables the tables stay in
-host memory (pinned on CUDA) and only the rows of ids not seen before cross to the device
-("the lookup into E_v requires only the token indices ... only the needed entries are prefetched").
+host memory (pinned on CUDA) and only the rows of ids not seen before in the sample cross to the device
+("the lookup into E_v requires only the token indices ... only the needed entries are prefetched"):
+each sample is a sequence of its own and fetches its rows anew, so the device holds one sequence's rows.
 
 Every prompt starts with <|bos|>, as every training document does. Timings (prefill and decode
 tokens per second) and the offload traffic go to stderr, so stdout holds the text alone.
@@ -87,7 +88,7 @@ def read_prompt(start):
         return start
     path = start[len("FILE:"):]
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8", newline="") as f:  # \r\n kept, as prepare_data.py reads training text
             text = f.read(PROMPT_FILE_LIMIT + 1)  # bounded: FILE:/dev/zero would fill the memory
     except (OSError, UnicodeDecodeError) as e:
         raise SampleError(f"cannot read the prompt file {path}: {e.strerror if isinstance(e, OSError) else e}") from None
@@ -330,7 +331,8 @@ def main(argv=None):
     if model.offload is not None:
         on_host = " (on the CPU the model is in host memory too: the same path runs, as a check)" \
             if torch.device(args.device).type == "cpu" else ""
-        print(f"sample.py: offload: {model.offload.rows_fetched:,} table rows fetched, "
+        each = " (each sample fetches its own rows)" if args.num_samples > 1 else ""
+        print(f"sample.py: offload: {model.offload.rows_fetched:,} table rows fetched{each}, "
               f"{model.offload.bytes_moved:,} bytes moved host -> {args.device}{on_host}", file=sys.stderr)
     if interrupted:
         sys.exit(130)

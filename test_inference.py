@@ -162,6 +162,10 @@ def test_greedy_offloaded_tables_give_the_same_tokens(tiny, capsys, tmp_path):
     assert moved == rows * model.config.n_embd * 4
     assert "bytes moved host -> cpu (on the CPU the model is in host memory too: the same path runs, as a check)" in offloaded.err
     assert "offload" not in plain.err
+    # each sample is a sequence of its own: its rows cross again, and the report says so
+    twice = run_sample(capsys, *args, "--offload_tables", "--num_samples", "2")
+    assert twice.out == plain.out + sample.SEPARATOR + plain.out
+    assert f"offload: {2 * rows:,} table rows fetched (each sample fetches its own rows), {2 * moved:,} bytes moved" in twice.err
     base = GPT(GPTConfig.preset("cpu", "baseline", n_layer=2, n_embd=48, n_head=4, vocab_size=tok.vocab_size, block_size=BLOCK))
     base.save_checkpoint(str(tmp_path / "ckpt.pt"), data_dir=os.path.join(os.path.dirname(path), "data"), step=0)
     got = run_sample(capsys, "--ckpt", tmp_path / "ckpt.pt", "--max_new_tokens", "3", "--offload_tables")
@@ -183,6 +187,8 @@ def test_prompt_from_a_file(tiny, tmp_path, capsys):
     (tmp_path / "line.txt").write_text("ROMEO:\n")  # a text file's last newline is part of the prompt
     out = run_sample(capsys, "--ckpt", path, "--start", f"FILE:{tmp_path / 'line.txt'}", "--max_new_tokens", "8", "--temperature", "0").out
     assert out == greedy_text(model, tok, [tok.bos_id] + tok.encode("ROMEO:\n"), 8)
+    (tmp_path / "crlf.txt").write_bytes("ROMEO:\r\nWhat\rlight\r\n".encode())  # fed as in the file, as the text is trained
+    assert sample.read_prompt(f"FILE:{tmp_path / 'crlf.txt'}") == "ROMEO:\r\nWhat\rlight\r\n"
     (tmp_path / "blank.txt").write_text("\n")  # whitespace is a prompt, not an empty file
     res = run_sample(capsys, "--ckpt", path, "--start", f"FILE:{tmp_path / 'blank.txt'}", "--max_new_tokens", "8", "--temperature", "0")
     assert res.out == greedy_text(model, tok, [tok.bos_id] + tok.encode("\n"), 8) and "empty" not in res.err
