@@ -720,8 +720,8 @@ class GPT(nn.Module):
             raise ValueError(f"a batch of {idx.size(0)} sequences, but the KV cache holds {cache.k[0].size(0)}")
 
     def forward(self, idx, targets=None, *, reduction="mean", cache=None, last_only=False):
-        """logits (B, T, |V|) and, given targets (-1 = ignore), the loss: a scalar mean, or the
-        per-token losses (B, T) with reduction="none" (ignored positions give 0). last_only: the
+        """logits (B, T, |V|) and, given targets (-1 = ignore), the loss: a scalar mean (or sum, reduction="sum")
+        over the targets, or the per-token losses (B, T) with reduction="none" (ignored positions give 0). last_only: the
         logits (B, 1, |V|) of the last position and no loss, all that generation needs from a prefill.
         cache: a KVCache (new_cache); idx is written at cache.pos, which then advances by T."""
         if last_only and targets is not None:

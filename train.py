@@ -1063,23 +1063,26 @@ def run(argv):
         check_in_vocab(step_rows, "train")
         if loader.epoch != epoch_before:
             log(f"WARNING: step {step + 1} starts epoch {loader.epoch + 1} of {s['data_dir']}: the run is past a single epoch")
+        # the step's loss is the mean over all its target tokens, on every rank and in every micro-batch: padded rows
+        # make micro-batches hold different numbers of targets, so a mean of their means would weigh a token by how
+        # device_batch_size and the ranks split the step. Every rank reads the whole step, so it knows the count.
+        n_targets = max(1, int((step_rows[:, 1:] >= 0).sum()))
         loss_sum = 0.0
         for micro in range(accum):
             lo = (micro * world + rank) * s["device_batch_size"]
             x, y = to_batch(step_rows[lo:lo + s["device_batch_size"]], meta["bos_id"], dev)
             sync = nullcontext() if not ddp or micro == accum - 1 else train_model.no_sync()
             with sync, autocast:
-                _, loss = train_model(x, y)
-            (loss / accum).backward()
+                _, loss = train_model(x, y, reduction="sum")
+            (loss * (world / n_targets)).backward()  # x world: DDP averages the ranks' gradients
             loss_sum += loss.detach()
         for opt in optimizers:
             opt.step()
         model.zero_grad(set_to_none=True)
-        loss_val = (loss_sum / accum).item()
         if ddp:
-            loss_t = torch.tensor(loss_val, device=dev)
-            dist.all_reduce(loss_t, op=dist.ReduceOp.AVG)
-            loss_val = loss_t.item()
+            loss_sum = torch.as_tensor(loss_sum, dtype=torch.float32, device=dev)
+            dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+        loss_val = float(loss_sum) / n_targets
         check_finite(loss_val, "loss", step + 1)  # the step the log calls it
         step += 1
         smooth = LOSS_EMA * smooth + (1 - LOSS_EMA) * loss_val
@@ -1101,8 +1104,9 @@ def run(argv):
         dist.barrier()
         dist.destroy_process_group()
     if master:
+        since = f" since the resume at step {start_step}" if start_step else ""  # earlier sessions' time is not kept
         log(f"done: {step} steps, {step * s['total_batch_tokens']:,} tokens, val bpb {final['val_bpb']:.4f}, "
-            f"{(time.time() - t_start) / 60:.1f} min; checkpoint {ckpt_path}")
+            f"{(time.time() - t_start) / 60:.1f} min{since}; checkpoint {ckpt_path}")
         if s["core_eval"]:
             from eval import evaluate_core
             result = evaluate_core(model, core_tokenizer, device=dev, loaded=core_bundle, dtype=autocast_dtype(s, dev))
