@@ -76,6 +76,12 @@ FORMAT = 1  # version of the whole layout (meta.json, tokenizer.json, shards)
 # nanochat's split pattern (the paper's tokenizer): GPT-4's (cl100k) with digits in runs of 1-2, not 1-3
 SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
 BOS = "<|bos|>"
+# The split pattern's `\s+` runs through the regex engines of rustbpe and tiktoken, which overflow their stack on a
+# whitespace run of about a million characters: a Rust panic (no `except Exception` catches it), at the same document
+# on every rerun. So text is cut inside any longer run than this and the pieces are encoded apart (pieces()); their
+# ids, concatenated, decode to the same text, and only the tokens inside such a run differ from one long encode.
+WHITESPACE_RUN = 2 ** 16
+_LONG_RUN = re.compile(rf"(?<!\s)\s{{{WHITESPACE_RUN + 1},}}")  # a whole run: scanned once from its start
 
 # Shakespeare: these whole plays are the validation split (one tragedy, one comedy, one history)
 VAL_PLAYS = ("macbeth", "twelfth-night", "richard-ii")
@@ -436,6 +442,27 @@ def load_meta(data_dir):
     return meta
 
 
+def pieces(text):
+    """text as a list of pieces, cut every WHITESPACE_RUN characters inside a longer whitespace run (almost always
+    [text]): what the tokenizers are given, in training and encoding alike."""
+    if len(text) <= WHITESPACE_RUN:
+        return [text]
+    cuts = [c for m in _LONG_RUN.finditer(text) for c in range(m.start() + WHITESPACE_RUN, m.end(), WHITESPACE_RUN)]
+    bounds = [0, *cuts, len(text)]
+    return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def encode_texts(enc, texts, threads):
+    """Token ids (a list per text) of texts, by tiktoken's batch encoder on `threads` threads, over their pieces."""
+    parts = [pieces(text) for text in texts]
+    ids = enc.encode_ordinary_batch([p for ps in parts for p in ps], num_threads=threads)
+    out, k = [], 0
+    for ps in parts:
+        out.append(ids[k] if len(ps) == 1 else [t for x in ids[k:k + len(ps)] for t in x])
+        k += len(ps)
+    return out
+
+
 class Tokenizer:
     """tiktoken.Encoding plus the bos token. encode() is ordinary: special-token text stays text."""
 
@@ -446,7 +473,10 @@ class Tokenizer:
 
     def encode(self, text):
         """str -> list[int], no bos added."""
-        return self.enc.encode_ordinary(text)
+        parts = pieces(text)
+        if len(parts) == 1:
+            return self.enc.encode_ordinary(text)
+        return [t for part in parts for t in self.enc.encode_ordinary(part)]
 
     def decode(self, ids):
         """iterable of ints (list, numpy array, torch tensor) -> str; bos decodes as its text."""
@@ -593,6 +623,15 @@ def _first_line(e):
     """The first line of an exception's message (libraries' messages run to many lines), or ''."""
     lines = str(e).splitlines()
     return lines[0] if lines else ""
+
+
+def _as_py_decodes(value):
+    """Whether a pyarrow scalar converts to Python (a string one fails on bytes that are not UTF-8)."""
+    try:
+        value.as_py()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def json_lines(f, path, error):
@@ -812,11 +851,25 @@ class Source:
                 raise DataError(f"{path} is not a readable parquet file ({_first_line(e)})") from None
             if self.column not in pf.schema_arrow.names:
                 raise DataError(f"{path}: no column {self.column!r} (has {pf.schema_arrow.names}; set --column)")
+            row = 0
             for batch in pf.iter_batches(columns=[self.column], batch_size=1024):
-                yield from batch.column(0).to_pylist()
+                column = batch.column(0)
+                try:
+                    texts = column.to_pylist()
+                except UnicodeDecodeError as e:  # a string column whose bytes are not UTF-8: name the row
+                    bad = next(k for k in range(len(column)) if not _as_py_decodes(column[k]))
+                    raise DataError(f"{path}: row {row + bad + 1}: the {self.column!r} value is not UTF-8 text "
+                                    f"({e.reason}); fix or drop that row") from None
+                yield from texts
+                row += len(texts)
 
     def _hub_texts(self):
+        import datasets
+        import huggingface_hub
         from datasets import load_dataset
+        # their log (retries of a failing hub, a line each) would bury the one line that ends a failed run
+        datasets.logging.set_verbosity_error()
+        huggingface_hub.utils.logging.set_verbosity_error()
         try:
             ds = load_dataset(self.hf_name, self.hf_config or None, split=self.hf_split, streaming=True)
         except Exception as e:  # the hub's errors are many; all of them end the run the same way
@@ -828,9 +881,13 @@ class Source:
             for row in ds.select_columns([self.column]):
                 yield row[self.column]
                 n += 1
-        except Exception as e:  # a dropped connection, a rate limit or a bad row, hours into a stream
-            raise DataError(f"reading {self.hf_name} from the hub failed after {n:,} rows: "
-                            f"{type(e).__name__}: {_first_line(e)}; re-run the same command to resume") from None
+        except (ValueError, TypeError, KeyError, UnicodeError) as e:  # a row that cannot be read (pyarrow's ArrowInvalid
+            # is a ValueError): the same row stops every rerun
+            raise DataError(f"{self.hf_name} has a row that cannot be read, row {n + 1:,} of the stream: "
+                            f"{type(e).__name__}: {_first_line(e)}; a rerun would stop there again") from None
+        except Exception as e:  # a dropped connection, a rate limit, a server error, hours into a stream
+            raise DataError(f"reading {self.hf_name} from the hub failed after {n:,} rows: {type(e).__name__}: "
+                            f"{_first_line(e)}; re-run the same command to resume") from None
 
 
 # -----------------------------------------------------------------------------
@@ -887,7 +944,7 @@ def train_bpe_json(source, vocab_size, max_chars):
                 text = text[:max_chars - chars]
                 chars += len(text)
                 bar.update(len(text))
-                yield text
+                yield from pieces(text)
                 if chars >= max_chars:
                     return
     t0 = time.time()
@@ -979,7 +1036,7 @@ def encode_split(split, source, enc, state, out_dir, shard_tokens, budget, threa
     def encoded_rows(bar):
         """(row index, text, token ids) of the split's rows from start on, encoded a batch at a time."""
         for batch in batches():
-            ids = enc.encode_ordinary_batch([text for _, text in batch], num_threads=threads)
+            ids = encode_texts(enc, [text for _, text in batch], threads)
             yield from ((i, text, doc) for (i, text), doc in zip(batch, ids))
             show_rate(bar)
 

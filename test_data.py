@@ -101,6 +101,24 @@ def corpus(tmp_path_factory):
 # -----------------------------------------------------------------------------
 # the pipeline on local files
 
+def test_a_million_whitespace_characters_in_a_row_are_encoded(tmp_path):
+    """rustbpe and tiktoken overflow their regex stack on a whitespace run of ~1M characters (a Rust panic, not an
+    exception: a traceback, at the same document on every rerun). pieces() cuts such runs; the documents, one in each
+    split, decode back to themselves, and so does Tokenizer.encode (sample.py, eval.py) of the same text."""
+    spaces = ["x" + " " * 1_000_000 + "y", "\u3000\t" * 500_000 + "z\n"]
+    os.makedirs(tmp_path / "corpus")
+    for i, d in enumerate(spaces + make_docs(8)):
+        (tmp_path / "corpus" / f"{i:02d}.txt").write_text(d, encoding="utf-8", newline="")
+    assert prep("--source", f"files:{tmp_path / 'corpus' / '*.txt'}", "--out_dir", tmp_path / "d", "--vocab_size", 300,
+                "--val_tokens", 10 ** 7) is None
+    tok = pd.load_tokenizer(str(tmp_path / "d"))
+    decoded = [tok.decode(d) for split in ("val", "train") for d in split_docs(str(tmp_path / "d"), split)]
+    assert sorted(decoded) == sorted(spaces + make_docs(8))
+    for d in spaces:
+        assert tok.decode(tok.encode(d)) == d
+    assert [len(p) for p in pd.pieces("a" + " " * 140_000 + "b")] == [65_537, 65_536, 8_929]
+
+
 def test_a_small_corpus_is_told_that_val_took_half_of_it(tmp_path, capsys):
     """--val_tokens above what every other document holds: val takes half the source, and the note says so."""
     pattern, _ = write_corpus(tmp_path)
@@ -838,20 +856,45 @@ def test_more_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
 
 
 def test_a_hub_stream_that_fails_midway_is_one_line(tmp_path, monkeypatch):
+    """A dropped connection: the rerun resumes. A malformed row (pyarrow's ArrowInvalid, a ValueError): every rerun
+    stops there, so it is not told to rerun."""
     import datasets
+    import pyarrow as pa
 
     class Stream:
         column_names = ["text"]
 
+        def __init__(self, error):
+            self.error = error
+
         def select_columns(self, columns):
             yield {"text": "the first document " * 20}
             yield {"text": "the second document " * 20}
-            raise ConnectionError("Connection reset by peer\nmore detail")
+            raise self.error
     monkeypatch.setattr(pd, "_check_hub", lambda: None)
-    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: Stream())
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: Stream(ConnectionError("Connection reset by peer\nmore")))
     msg = prep("--source", "hf:someone/data", "--vocab_size", 257, "--out_dir", tmp_path / "h")
     assert msg == ("prepare_data.py: error: reading someone/data from the hub failed after 2 rows: ConnectionError: "
                    "Connection reset by peer; re-run the same command to resume")
+    bad = pa.ArrowInvalid("JSON parse error: Invalid encoding in string. in row 149")
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: Stream(bad))
+    msg = prep("--source", "hf:someone/data", "--vocab_size", 257, "--out_dir", tmp_path / "h")
+    assert msg == ("prepare_data.py: error: someone/data has a row that cannot be read, row 3 of the stream: ArrowInvalid: "
+                   "JSON parse error: Invalid encoding in string. in row 149; a rerun would stop there again")
+
+
+def test_a_parquet_row_that_is_not_utf8_is_named(tmp_path):
+    """The row and column, not an offset into the binary file (its first non-UTF-8 byte is in a page header)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rows = [f"document {i} ".encode() * 50 for i in range(1500)]  # the bad row in the second batch of 1024
+    rows[1100] = b"bad \xff\xfe text " * 50
+    raw = pa.array(rows, pa.binary())
+    os.makedirs(tmp_path / "pq")
+    pq.write_table(pa.table({"text": pa.Array.from_buffers(pa.string(), len(raw), raw.buffers())}), tmp_path / "pq" / "a.parquet")
+    msg = prep("--source", f"files:{tmp_path / 'pq' / '*.parquet'}", "--vocab_size", 300, "--out_dir", tmp_path / "d")
+    assert msg == (f"prepare_data.py: error: {tmp_path / 'pq' / 'a.parquet'}: row 1101: the 'text' value is not UTF-8 "
+                   "text (invalid start byte); fix or drop that row")
 
 
 # -----------------------------------------------------------------------------
