@@ -102,14 +102,15 @@ class BenchError(Exception):
 # analytic: parameters, FLOPs, KV cache
 
 def accounting(variants, configs):
-    """Parameters and FLOPs/token of each variant at each size (meta device: no memory)."""
+    """Parameters and FLOPs/token of each variant at each size (meta device: no memory); configs: label -> (size,
+    overrides), as run() makes it."""
     rows = []
-    for size, overrides in configs.items():
+    for label, (size, overrides) in configs.items():
         for v in variants:
             model = GPT.meta(GPTConfig.preset(size, v, **overrides))
             n, flops = model.num_params(), model.estimate_flops()
             budget = PAPER_BUDGETS.get(size) if not overrides else None
-            rows.append(dict(size=size, variant=v, dense_params=n["dense"], table_params=n["tables"],
+            rows.append(dict(size=label, variant=v, dense_params=n["dense"], table_params=n["tables"],
                              scaling_params=n["scaling"], flops_per_token=flops, budget_flops=budget,
                              budget_tokens=budget / flops if budget else None))
     return rows
@@ -421,9 +422,19 @@ def pyplot():
     return plt
 
 
-def run_name(metrics_path):
-    """A run's label in the plots: the folder of its metrics file (its out_dir)."""
-    return os.path.basename(os.path.dirname(os.path.abspath(metrics_path))) or metrics_path
+def run_names(paths):
+    """{metrics path: its run's label in the plots}: the folder of the file (its out_dir), with as many folders above
+    it as tell apart runs whose folders have the same name (a/out/cpu_bov and b/out/cpu_bov: a/out/cpu_bov, b/...)."""
+    parts = {p: os.path.dirname(os.path.abspath(p)).strip(os.sep).split(os.sep) for p in paths}
+    labels = {}
+    for p, folders in parts.items():
+        labels[p] = p  # two files in one folder: their own paths
+        for k in range(1, len(folders) + 1):
+            label = os.sep.join(folders[-k:])
+            if label and all(q == p or os.sep.join(f[-k:]) != label for q, f in parts.items()):
+                labels[p] = label
+                break
+    return labels
 
 
 def save(fig, ax, path, title, xlabel, ylabel, **legend):
@@ -512,14 +523,14 @@ def coefficient_plot(paths, path):
     target layer at the last evaluation of each run, against the layer index."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
-    drawn = 0
+    drawn, names = 0, run_names(paths)
     for p in paths:
         evals = [r for r in read_records(p) if r.get("coefficients")]
         if not evals:
             continue
         last = evals[-1]["coefficients"]
         layers = sorted(last, key=int)
-        run = run_name(p)
+        run = names[p]
         for name in sorted({n for v in last.values() for n in v}):
             have = [l for l in layers if name in last[l]]  # a run may mix, e.g. gamma_v in some layers only
             ax.plot([int(l) for l in have], [last[l][name] for l in have], marker="o", label=f"{run}: {name}")
@@ -537,9 +548,10 @@ def val_curves(paths, path):
     """Validation bits per byte against training tokens, one line per metrics file (named by its folder)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
+    names = run_names(paths)
     for p in paths:
         points = read_metrics(p)
-        label = run_name(p)
+        label = names[p]
         ax.plot([x for x, _ in points], [y for _, y in points], marker=".", label=label)
     save(fig, ax, path, "validation curves (Fig 4)", "training tokens", "validation bits per byte")
 
@@ -605,11 +617,12 @@ def report(r):
              + (f" ({', '.join(f'{k}={v}' for k, v in r['overrides'].items())})" if r["overrides"] else "")
              + f" on {r['device']} ({r['threads']} threads, {r['dtype']}), torch {r['torch']}", ""]
     lines.append("Parameters and training FLOPs per token (analytic; tokens = budget / FLOPs per token)")
-    lines.append(f"  {'size':<11} {'variant':<18} {'dense params':>13} {'table params':>13} {'FLOPs/token':>14} {'budget':>8} {'tokens':>7}")
+    w = max(11, *(len(row["size"]) for row in r["accounting"]))
+    lines.append(f"  {'size':<{w}} {'variant':<18} {'dense params':>13} {'table params':>13} {'FLOPs/token':>14} {'budget':>8} {'tokens':>7}")
     for row in r["accounting"]:
         budget = f"{row['budget_flops']:.3g}" if row["budget_flops"] else "-"
         tokens = short(row["budget_tokens"]) if row["budget_tokens"] else "-"
-        lines.append(f"  {row['size']:<11} {row['variant']:<18} {row['dense_params']:>13,} {row['table_params']:>13,} "
+        lines.append(f"  {row['size']:<{w}} {row['variant']:<18} {row['dense_params']:>13,} {row['table_params']:>13,} "
                      f"{row['flops_per_token']:>14,} {budget:>8} {tokens:>7}")
     f = r["flops_measured"]
     lines += ["", f"FLOPs per token measured (FlopCounterMode, one forward+backward of {f['tokens']} tokens) against "
@@ -769,14 +782,17 @@ def run(args, log):
     keep_freed_memory(args.device)
     dtype = resolve_dtype(args.dtype, args.device)
     torch.set_num_threads(args.threads)
-    sizes = {s: {} for s in PAPER_BUDGETS} | {args.size: overrides}
+    # label -> (size, overrides): both paper sizes as published, and the measured size; a paper size changed by
+    # --config is another model, under a label of its own
+    measured = f"{args.size}+config" if overrides else args.size
+    sizes = {s: (s, {}) for s in PAPER_BUDGETS} | {measured: (args.size, overrides)}
     a, b = args.variants
     r = dict(variants=dict(a=a, b=b), size=args.size, overrides=overrides, device=args.device, dtype=str(dtype)[6:],
              threads=torch.get_num_threads(), torch=torch.__version__, command=shlex.join(["python", "bench.py"] + (args.argv or [])))
     log("accounting")
     r["accounting"] = accounting(args.variants, sizes)
-    r["kv_cache"] = {s: kv_memory(GPTConfig.preset(s, a, **o), GPTConfig.preset(s, b, **o), args.serve_batch)
-                     for s, o in sizes.items()}
+    r["kv_cache"] = {label: kv_memory(GPTConfig.preset(s, a, **o), GPTConfig.preset(s, b, **o), args.serve_batch)
+                     for label, (s, o) in sizes.items()}
     log("building the models")
     benches = [Bench(args.size, v, overrides, max(args.contexts), args.batch, args.device, dtype, args.decode_batch)
                for v in args.variants]
@@ -829,34 +845,44 @@ def main(argv=None):
         interrupted()
     args.argv = argv
     log = lambda msg: print(f"bench.py: {msg}", file=sys.stderr, flush=True)
-    try:
-        if args.plot:  # read the metrics first: a bad file fails before anything is drawn or timed
-            for path in args.metrics:
-                read_metrics(path)
-        r = {} if args.metrics else run(args, log)  # metrics files: plots only
-        if args.plot:
-            r["plots"] = draw_plots(args, log)
-    except KeyboardInterrupt:
-        interrupted()
-    except Exception as e:
+    def fail(e):
+        """Exit with the one line for e (a bug is raised again)."""
+        if isinstance(e, KeyboardInterrupt):
+            interrupted()
         if out_of_memory(e):
             sys.exit(f"bench.py: error: out of memory ({first_line(e)}); lower --decode_batch, --batch, the largest of --contexts, or the model (--size, --config)")
         if args.compile and compile_failed(e):
             sys.exit(f"bench.py: error: torch.compile failed ({first_line(e)}); run without --compile")
         if not isinstance(e, (BenchError, ValueError, OSError)):
-            raise
+            raise e
         if isinstance(e, OSError) and e.filename and e.strerror:  # e.g. a full disk under a PNG: "PATH: No space left ..."
             sys.exit(f"bench.py: error: {e.filename}: {e.strerror}")
         sys.exit(f"bench.py: error: {first_line(e, None)}")
+
+    try:
+        if args.plot:  # read the metrics first: a bad file fails before anything is drawn or timed
+            for path in args.metrics:
+                read_metrics(path)
+        r = {} if args.metrics else run(args, log)  # metrics files: plots only
+    except (KeyboardInterrupt, Exception) as e:
+        fail(e)
+    plot_failure = None
+    if args.plot:
+        try:
+            r["plots"] = draw_plots(args, log)
+        except (KeyboardInterrupt, Exception) as e:  # a PNG that fails (a full disk, Ctrl-C): the results come first
+            plot_failure = e
     try:
         if "speed" in r:
             print(json.dumps(r, indent=1) if args.json else report(r), flush=True)
-        elif args.json:
+        elif args.json and plot_failure is None:
             print(json.dumps({"plots": r["plots"]}, indent=1), flush=True)
     except OSError as e:  # the reader left (`| head`: stop quietly), or a full disk
         silence_stdout()
         if not isinstance(e, BrokenPipeError):
             sys.exit(f"bench.py: error: cannot write the results: {e.strerror or e}")
+    if plot_failure is not None:
+        fail(plot_failure)
     for path in r.get("plots", []):
         log(f"wrote {path}")
 

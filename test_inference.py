@@ -712,7 +712,7 @@ def test_eq6_bytes_count_the_tables_of_both_sides():
 
 def test_bench_budgets_only_for_the_papers_own_models():
     """A paper size changed by --config is not the model the paper's budget was spent on: no tokens for it."""
-    rows = bench.accounting(["baseline"], {"paper_135m": {}, "paper_780m": {"n_layer": 12}})
+    rows = bench.accounting(["baseline"], {"paper_135m": ("paper_135m", {}), "paper_780m+config": ("paper_780m", {"n_layer": 12})})
     assert rows[0]["budget_flops"] == 1.5e18 and rows[0]["budget_tokens"] == 1.5e18 / rows[0]["flops_per_token"]
     assert rows[1]["budget_flops"] is rows[1]["budget_tokens"] is None
 
@@ -907,6 +907,24 @@ def test_bench_plots_and_metrics(tmp_path, capsys, monkeypatch):
         with pytest.raises(SystemExit) as e:
             bench.main(["--plot", "--plot_dir", str(tmp_path), str(tmp_path / "bad.jsonl")])
         assert e.value.code.startswith("bench.py: error: ") and expected in e.value.code and "\n" not in e.value.code
+
+
+def test_bench_plot_labels_tell_runs_apart_and_a_failed_png_keeps_the_results(tmp_path, monkeypatch, capsys):
+    """Two runs whose folders share a name (the same run at two commits) got the same legend label; a PNG that failed
+    to write (a full disk) after the whole benchmark printed no results."""
+    assert bench.run_names(["/a/out/cpu_bov/metrics.jsonl", "/b/out/cpu_bov/metrics.jsonl", "/a/out/cpu_baseline/m.jsonl"]) \
+        == {"/a/out/cpu_bov/metrics.jsonl": "a/out/cpu_bov", "/b/out/cpu_bov/metrics.jsonl": "b/out/cpu_bov",
+            "/a/out/cpu_baseline/m.jsonl": "cpu_baseline"}
+    assert bench.run_names(["/x/m.jsonl", "/x/n.jsonl"]) == {"/x/m.jsonl": "/x/m.jsonl", "/x/n.jsonl": "/x/n.jsonl"}
+    monkeypatch.setattr(bench, "run", lambda args, log: {"speed": {}, "measured": 1.5})
+
+    def full_disk(args, log):
+        raise OSError(28, "No space left on device", str(tmp_path / "fig5a.png"))
+    monkeypatch.setattr(bench, "draw_plots", full_disk)
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--quick", "--json", "--plot", "--plot_dir", str(tmp_path)])
+    assert json.loads(capsys.readouterr().out) == {"speed": {}, "measured": 1.5}  # printed before the error
+    assert e.value.code == f"bench.py: error: {tmp_path / 'fig5a.png'}: No space left on device"
 
 
 def test_bench_compile_compiles_every_graph_in_the_warm_up(monkeypatch, capsys):
@@ -1266,9 +1284,12 @@ def test_run_measures_the_configured_paper_size_and_counts_flops_over_the_train_
     r = bench.run(args, lambda msg: None)
     rows = {(x["size"], x["variant"]): x for x in r["accounting"]}
     d, V = 48, 97
-    assert rows["paper_135m", "baseline"]["dense_params"] == 2 * V * d + 6 * 12 * d * d  # --config's model
-    assert rows["paper_135m", "baseline"]["budget_tokens"] is None and rows["paper_780m", "baseline"]["budget_tokens"] > 0
-    assert r["kv_cache"]["paper_135m"]["rows"][0]["seq_bytes_a"] == 2 * 6 * d * 2 * 1024
+    assert rows["paper_135m+config", "baseline"]["dense_params"] == 2 * V * d + 6 * 12 * d * d  # --config's model
+    assert rows["paper_135m+config", "baseline"]["budget_tokens"] is None
+    # the paper's own 135M model is still there, as published (a reviewer found it replaced, under its label)
+    assert rows["paper_135m", "baseline"]["budget_tokens"] > 0 and rows["paper_780m", "baseline"]["budget_tokens"] > 0
+    assert r["kv_cache"]["paper_135m+config"]["rows"][0]["seq_bytes_a"] == 2 * 6 * d * 2 * 1024
+    assert r["kv_cache"]["paper_135m"]["rows"][0]["seq_bytes_a"] == 2 * 12 * 768 * 2 * 1024
     assert r["kv_cache"]["paper_780m"]["rows"][0]["seq_bytes_a"] == 2 * 24 * 1536 * 2 * 1024
     assert r["flops_measured"]["tokens"] == 64 and r["cache_allocated"]["a"]["max_len"] == 100
     assert r["speed"]["train_block_size"] == 64
