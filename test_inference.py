@@ -569,7 +569,7 @@ def test_bench_json_has_every_field(bench_json):
     r = bench_json
     assert r["variants"] == {"a": "baseline", "b": "bov"} and r["overrides"]["n_embd"] == 48
     rows = {(x["size"], x["variant"]): x for x in r["accounting"]}
-    assert set(rows) == {(s, v) for s in ("paper_135m", "paper_780m", "cpu") for v in ("baseline", "bov")}
+    assert set(rows) == {(s, v) for s in ("paper_135m", "paper_780m", "cpu+config") for v in ("baseline", "bov")}
     for row in rows.values():
         assert row["dense_params"] > 0 and row["flops_per_token"] > 0
         assert (row["table_params"] > 0) == (row["variant"] == "bov")
@@ -580,11 +580,11 @@ def test_bench_json_has_every_field(bench_json):
     # the measured size's rows are --config's model: wte and lm_head 97 x 48, 12 d^2 of matrices a layer, two of
     # them BoV layers without W_V but with a gamma_v and a 97 x 48 table; no paper budget for it
     d, V = 48, 97
-    assert (rows["cpu", "baseline"]["dense_params"], rows["cpu", "baseline"]["scaling_params"]) == (
+    assert (rows["cpu+config", "baseline"]["dense_params"], rows["cpu+config", "baseline"]["scaling_params"]) == (
         2 * V * d + 6 * 12 * d * d, V * d + 6 * 12 * d * d)
-    assert (rows["cpu", "bov"]["dense_params"], rows["cpu", "bov"]["scaling_params"], rows["cpu", "bov"]["table_params"]) == (
+    assert (rows["cpu+config", "bov"]["dense_params"], rows["cpu+config", "bov"]["scaling_params"], rows["cpu+config", "bov"]["table_params"]) == (
         2 * V * d + 6 * 12 * d * d - 2 * d * d + 2, V * d + 6 * 12 * d * d - 2 * d * d, 2 * V * d)
-    assert rows["cpu", "bov"]["budget_flops"] is rows["cpu", "bov"]["budget_tokens"] is None
+    assert rows["cpu+config", "bov"]["budget_flops"] is rows["cpu+config", "bov"]["budget_tokens"] is None
     f = r["flops_measured"]
     for k in "ab":
         assert abs(f[k]["measured"] / f[k]["estimate"] - 1) < 0.02
