@@ -867,8 +867,9 @@ class Source:
         import datasets
         import huggingface_hub
         from datasets import load_dataset
-        # their log (retries of a failing hub, a line each) would bury the one line that ends a failed run
-        datasets.logging.set_verbosity_error()
+        # their log (retries of a failing hub, a line each; a row that fails to parse, logged before it is raised)
+        # would bury the one line that ends a failed run, which carries the error
+        datasets.logging.set_verbosity(datasets.logging.CRITICAL)
         huggingface_hub.utils.logging.set_verbosity_error()
         try:
             ds = load_dataset(self.hf_name, self.hf_config or None, split=self.hf_split, streaming=True)
@@ -881,11 +882,15 @@ class Source:
             for row in ds.select_columns([self.column]):
                 yield row[self.column]
                 n += 1
-        except (ValueError, TypeError, KeyError, UnicodeError) as e:  # a row that cannot be read (pyarrow's ArrowInvalid
-            # is a ValueError): the same row stops every rerun
-            raise DataError(f"{self.hf_name} has a row that cannot be read, row {n + 1:,} of the stream: "
-                            f"{type(e).__name__}: {_first_line(e)}; a rerun would stop there again") from None
-        except Exception as e:  # a dropped connection, a rate limit, a server error, hours into a stream
+        except Exception as e:
+            # a dropped connection, a rate limit, a server error, hours into a stream: a rerun resumes. A row that cannot
+            # be read (pyarrow's ArrowInvalid is a ValueError) stops every rerun; the hub's HTTP errors are OSErrors
+            # even where they are ValueErrors too (a 400), and datasets parses a block of rows before it yields one,
+            # so the bad row is somewhere past the n yielded
+            if isinstance(e, (ValueError, TypeError, KeyError)) and not isinstance(e, OSError):
+                after = f", after the first {n:,} rows of the stream" if n else ""
+                raise DataError(f"{self.hf_name} has a row that cannot be read{after}: {type(e).__name__}: "
+                                f"{_first_line(e)}; a rerun would stop there again") from None
             raise DataError(f"reading {self.hf_name} from the hub failed after {n:,} rows: {type(e).__name__}: "
                             f"{_first_line(e)}; re-run the same command to resume") from None
 

@@ -879,8 +879,14 @@ def test_a_hub_stream_that_fails_midway_is_one_line(tmp_path, monkeypatch):
     bad = pa.ArrowInvalid("JSON parse error: Invalid encoding in string. in row 149")
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: Stream(bad))
     msg = prep("--source", "hf:someone/data", "--vocab_size", 257, "--out_dir", tmp_path / "h")
-    assert msg == ("prepare_data.py: error: someone/data has a row that cannot be read, row 3 of the stream: ArrowInvalid: "
-                   "JSON parse error: Invalid encoding in string. in row 149; a rerun would stop there again")
+    assert msg == ("prepare_data.py: error: someone/data has a row that cannot be read, after the first 2 rows of the stream: "
+                   "ArrowInvalid: JSON parse error: Invalid encoding in string. in row 149; a rerun would stop there again")
+
+    class BadRequest(OSError, ValueError):  # huggingface_hub's HTTP 400 (BadRequestError) is both: a hub error
+        pass
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: Stream(BadRequest("400 Client Error: Bad Request")))
+    msg = prep("--source", "hf:someone/data", "--vocab_size", 257, "--out_dir", tmp_path / "h")
+    assert msg.endswith("failed after 2 rows: BadRequest: 400 Client Error: Bad Request; re-run the same command to resume")
 
 
 def test_a_parquet_row_that_is_not_utf8_is_named(tmp_path):
