@@ -38,6 +38,27 @@ def builds(size, variant, **overrides):
     return True
 
 
+def first_gradient_spy(path):
+    """A GPT.configure_optimizers whose first optimizer step saves the gradient it is given (every parameter's,
+    flattened, in order) to path.RANK (0 without torchrun) before it steps: the step's whole gradient, after
+    accumulation and DDP's averaging."""
+    from model import GPT
+    configure = GPT.configure_optimizers
+
+    def spy(self, *a, **k):
+        opts = configure(self, *a, **k)
+        step = opts[0].step
+
+        def recording(*x, **y):
+            out = f"{path}.{os.environ.get('RANK', 0)}"
+            if not os.path.exists(out):
+                torch.save(torch.cat([p.grad.flatten() for p in self.parameters() if p.grad is not None]), out)
+            return step(*x, **y)
+        opts[0].step = recording
+        return opts
+    return spy
+
+
 def finish(p, timeout=300):
     """The CompletedProcess of a Popen started with text pipes; past timeout it is killed and the test fails."""
     try:

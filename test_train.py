@@ -22,7 +22,7 @@ import torch
 
 import eval as ev
 import train
-from conftest import builds, finish, flip_tensor_byte
+from conftest import builds, finish, first_gradient_spy, flip_tensor_byte
 from model import GPT, GPTConfig
 from prepare_data import load_meta, load_tokens
 
@@ -439,7 +439,7 @@ def test_resume_after_sigkill_is_bit_exact(data_dir, tmp_path, capsys):
     assert [r["loss"] for r in records(full, "train")] == [r["loss"] for r in records(cut, "train")]
 
 
-def test_two_gloo_ranks_match_one_process(data_dir, tmp_path, capsys):
+def test_two_gloo_ranks_match_one_process(data_dir, tmp_path, capsys, monkeypatch):
     """Two ranks train as one process does; with --core_eval, rank 0 evaluates CORE once the ranks have left together."""
     from test_eval import fixture_items, write_bundle
     bundle = write_bundle(tmp_path / "b", {label: fixture_items(label, 3) for label in ev.TASKS})
@@ -448,11 +448,18 @@ def test_two_gloo_ranks_match_one_process(data_dir, tmp_path, capsys):
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     # its own process group, so that a hung rank can be killed with torchrun; started first, so that its
     # three torch imports overlap the one-process run here
+    # train.py under a spy that saves each rank's first gradient, after DDP's averaging (mutant: the loss not scaled
+    # by the number of ranks, which the optimizers' normalised updates all but hide from the losses)
+    spied = tmp_path / "spied_train.py"
+    spied.write_text(f"import runpy, sys\nsys.path.insert(0, {HERE!r})\nfrom conftest import first_gradient_spy\n"
+                     f"from model import GPT\nGPT.configure_optimizers = first_gradient_spy({str(tmp_path / 'g_two')!r})\n"
+                     f"sys.argv[0] = {os.path.join(HERE, 'train.py')!r}\nrunpy.run_path(sys.argv[0], run_name='__main__')\n")
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             "train.py", *args, f"--out_dir={two}", "--core_eval", f"--eval_bundle={bundle}"],
+                             str(spied), *args, f"--out_dir={two}", "--core_eval", f"--eval_bundle={bundle}"],
                             cwd=HERE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
+        monkeypatch.setattr(GPT, "configure_optimizers", first_gradient_spy(tmp_path / "g_one"))
         train.main([*args, f"--out_dir={one}"])
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -467,6 +474,8 @@ def test_two_gloo_ranks_match_one_process(data_dir, tmp_path, capsys):
         pytest.fail("torchrun with 2 gloo ranks did not finish in 120 s")
     assert proc.returncode == 0, stderr[-2000:]
     assert "4 x 32 tokens x 2 accumulation x 2 ranks" in stdout
+    g1, g2 = torch.load(tmp_path / "g_one.0"), [torch.load(tmp_path / f"g_two.{rank}") for rank in (0, 1)]
+    assert torch.equal(g2[0], g2[1]) and ((g2[0] - g1).norm() / g1.norm()).item() < 1e-5  # the same token mean
     l1, l2 = [r["loss"] for r in records(one, "train")], [r["loss"] for r in records(two, "train")]
     assert len(l1) == len(l2) == 6
     np.testing.assert_allclose(l1, l2, rtol=1e-5)
@@ -1526,27 +1535,13 @@ def test_accumulated_gradients_are_the_mean_over_micro_batches(data_dir, tmp_pat
         rows[0, 3:] = -1  # 2 targets left in the step's first row, as the tail of a cut document can leave
         return rows
     monkeypatch.setattr(train.Batches, "next_rows", padded)
-    grads = []
-    configure = GPT.configure_optimizers
-
-    def spy(self, *a, **k):
-        opts = configure(self, *a, **k)
-        step = opts[0].step
-
-        def recording(*x, **y):
-            if not grads or len(grads[-1]) == 0:
-                grads[-1].append(torch.cat([p.grad.flatten() for p in self.parameters() if p.grad is not None]))
-            return step(*x, **y)
-        opts[0].step = recording
-        return opts
-    monkeypatch.setattr(GPT, "configure_optimizers", spy)
     for bs in (4, 8):  # accumulation 2, then 1
-        grads.append([])
+        monkeypatch.setattr(GPT, "configure_optimizers", first_gradient_spy(tmp_path / f"g{bs}"))
         train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / str(bs)}", "--max_iters=1",
                     "--total_batch_tokens=256", f"--device_batch_size={bs}"])
         logged = float(re.search(r"^step 1/1 \| loss ([\d.]+)", capsys.readouterr().out, re.M).group(1))
         assert logged == pytest.approx(records(str(tmp_path / str(bs)), "train")[0]["loss"], abs=1e-4)
-    (g2,), (g1,) = grads
+    g2, g1 = torch.load(tmp_path / "g4.0"), torch.load(tmp_path / "g8.0")
     assert ((g2 - g1).norm() / g1.norm()).item() < 1e-5  # the same sum in another order (a mean of means: 3.5e-3)
 
 
