@@ -694,6 +694,18 @@ def test_a_batch_past_the_breakeven_saves_at_no_context():
     assert line.endswith("40000 sequences sharing the tables: T = 0.8 each (40000 x T = 32,789.3), B saves at no context")
 
 
+def test_at_a_whole_breakeven_the_last_saving_context_is_one_before_it():
+    """Mutant: the last context at which B saves taken as floor(root), which is the root itself when the root is a
+    whole number, where B saves 0 bytes. BoV against the baseline, reversed, at d = 48 and |V| = 95 in float32:
+    2 tables of 95 x 48 x 4 bytes over (2 x 48 x 4 - 4) bytes a token = 96 tokens exactly (48 each of 2)."""
+    a, b = GPTConfig.preset("cpu", "bov", n_embd=48, vocab_size=95), GPTConfig.preset("cpu", "baseline", n_embd=48, vocab_size=95)
+    kv = bench.kv_memory(a, b, batch=2, dtype=torch.float32)
+    saving = lambda T: (a.kv_cache_bytes(1, T, torch.float32) + a.table_bytes(torch.float32)
+                        - b.kv_cache_bytes(1, T, torch.float32) - b.table_bytes(torch.float32))
+    assert (saving(95), saving(96)) == (380, 0) and kv["breakeven_tokens"] == 96
+    assert kv["saves_until_context"] == 95 and kv["saves_until_context_batch"] == 47
+
+
 def test_eq6_root_is_not_rounded():
     """eq. 6's root (tables added) |V| / (V-free layers added) is a fraction in general: one table shared by
     the 2 V-free layers of the cpu size at |V| = 97 breaks even at T = 48.5 (48.75 with BoV's id bytes)."""

@@ -301,6 +301,14 @@ def test_the_loader_crosses_into_the_next_epoch_row_for_row():
     resumed = train.Batches([np.concatenate(docs)], bos, T, seed=0)
     resumed.load_state(loader.state())
     assert resumed.epoch == loader.epoch == 1 and np.array_equal(resumed.next_rows(3), loader.next_rows(3))
+    # a checkpoint taken right after an epoch's last row (row == rows_per_epoch, the epoch not yet advanced) resumes
+    # into the next epoch's first rows (mutant: load_state refused row == rows as past the epoch, calling it damaged)
+    end = train.Batches([np.concatenate(docs)], bos, T, seed=0)
+    end.next_rows(end.rows_per_epoch())
+    assert end.state() == {"epoch": 0, "row": end.rows_per_epoch()}
+    again = train.Batches([np.concatenate(docs)], bos, T, seed=0)
+    again.load_state(end.state())
+    assert np.array_equal(again.next_rows(2), end.next_rows(2)) and again.epoch == end.epoch == 1
     # every epoch is shuffled anew, the third too (mutant B4: the rng seeded by min(epoch, 1))
     assert not np.array_equal(ref.plan(2)[1], ref.plan(1)[1])
 
