@@ -845,6 +845,7 @@ def main(argv=None):
         interrupted()
     args.argv = argv
     log = lambda msg: print(f"bench.py: {msg}", file=sys.stderr, flush=True)
+
     def fail(e):
         """Exit with the one line for e (a bug is raised again)."""
         if isinstance(e, KeyboardInterrupt):
