@@ -118,15 +118,21 @@ def autocast(device, dtype):
     return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
 
 
+def bf16_in_hardware(dev):
+    """Whether CUDA device `dev` computes in bf16 natively: compute capability 8 (Ampere) and later, or ROCm.
+    torch.cuda.is_bf16_supported() would say yes on a T4 or V100 too, where bf16 is only emulated (slowly, and
+    torch.compile's inductor declines to compile it), and asks the current GPU rather than `dev`."""
+    return bool(torch.version.hip) or torch.cuda.get_device_capability(dev)[0] >= 8
+
+
 def resolve_dtype(name, device):
-    """--dtype name -> torch dtype; auto = bfloat16 on a GPU with bf16 in hardware (compute capability 8, Ampere, and
-    later; ROCm), float16 on older ones, float32 off CUDA. torch.cuda.is_bf16_supported() would say yes on a T4 or V100
-    too, where bf16 is only emulated (slowly), and asks the current GPU rather than `device`."""
+    """--dtype name -> torch dtype; auto = bfloat16 on a GPU with bf16 in hardware, float16 on older ones, float32 off
+    CUDA."""
     if name == "auto":
         dev = torch.device(device)
         if dev.type != "cuda":
             return torch.float32
-        return torch.bfloat16 if torch.version.hip or torch.cuda.get_device_capability(dev)[0] >= 8 else torch.float16
+        return torch.bfloat16 if bf16_in_hardware(dev) else torch.float16
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 

@@ -599,6 +599,8 @@ def test_mfu_is_against_the_bf16_peak_so_only_for_bf16_training(monkeypatch):
     """On a listed GPU a bf16 run gets its peak for MFU and says how it runs; a float32 run (TF32 matmuls, another
     peak) gets none, rather than an MFU against the bf16 peak."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.version, "hip", None)
     precision = torch.get_float32_matmul_precision()  # training_model sets TF32 for CUDA: put back for the next tests
     model = GPT(GPTConfig.preset("cpu", "bov", n_layer=2, n_embd=32, n_head=2, vocab_size=64, block_size=16))
     try:
@@ -611,10 +613,19 @@ def test_mfu_is_against_the_bf16_peak_so_only_for_bf16_training(monkeypatch):
                    "float32": (None, "device: cuda:0 (NVIDIA H100 80GB HBM3), float32, eager")}
 
 
-def test_dtype_sets_the_autocast_of_training(data_dir):
-    """--dtype auto is bf16 on CUDA and fp32 (no autocast) elsewhere; the training model's autocast follows it."""
-    assert train.autocast_dtype({"dtype": "auto"}, torch.device("cuda")) == torch.bfloat16
-    assert train.autocast_dtype({"dtype": "auto"}, torch.device("cpu")) == torch.float32
+def test_dtype_sets_the_autocast_of_training(data_dir, monkeypatch):
+    """--dtype auto is bf16 on a GPU with bf16 in hardware (asked of the run's own GPU: an H100 beside a V100 here) and
+    fp32 (no autocast) elsewhere: a V100 only emulates bf16, and there is no fp16 training; the training model's
+    autocast follows it."""
+    capability = {0: (9, 0), 1: (7, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: capability[torch.device(d).index or 0])
+    monkeypatch.setattr(torch.version, "hip", None)
+    got = {d: train.autocast_dtype({"dtype": "auto"}, torch.device(d)) for d in ("cuda", "cuda:0", "cuda:1", "cpu", "mps")}
+    assert got == {"cuda": torch.bfloat16, "cuda:0": torch.bfloat16, "cuda:1": torch.float32, "cpu": torch.float32,
+                   "mps": torch.float32}
+    monkeypatch.setattr(torch.version, "hip", "6.4")  # ROCm: bf16 on every GPU it runs
+    assert train.autocast_dtype({"dtype": "auto"}, torch.device("cuda:1")) == torch.bfloat16
+    assert train.autocast_dtype({"dtype": "bfloat16"}, torch.device("cuda:1")) == torch.bfloat16  # asked for: as asked
     model = GPT(GPTConfig.preset("cpu", "bov", n_layer=2, n_embd=32, n_head=2, vocab_size=64, block_size=16))
     for dtype, enabled in (("bfloat16", True), ("float32", False), ("auto", False)):
         _, autocast, _, line = train.training_model({"dtype": dtype, "compile": "false"}, model, torch.device("cpu"), False)

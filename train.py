@@ -52,7 +52,7 @@ from model import (GPT, GPTConfig, SIZES, VARIANTS, compile_failed, first_line, 
 from prepare_data import (DEFAULT_DATA_DIR, DataError, atomic_write, being_written, handle_signals, load_meta, load_token_bytes,
                           load_tokenizer, load_tokens, lock_folder, missing_top, out_dir_problem, prepare_command,
                           reconfigure_stdout, remove_unused, silence_stdout, tokenizer_sha256, whole_number, write_json)
-from sample import UNKNOWN_DEVICE, autocast as sample_autocast, check_device, keep_freed_memory
+from sample import UNKNOWN_DEVICE, autocast as sample_autocast, bf16_in_hardware, check_device, keep_freed_memory
 
 # -----------------------------------------------------------------------------
 # Defaults. Learning rates are the peak rates of the paper's 135M run (Table 6; table_lr from Section 5); configure_optimizers
@@ -87,7 +87,7 @@ eval_bundle = ""             # the DCLM eval bundle for core_eval (default: eval
 # system
 seed = 1337
 device = "auto"              # auto | cpu | cuda | cuda:1 | mps
-dtype = "auto"               # auto (bf16 autocast on CUDA, fp32 elsewhere) | float32 | bfloat16
+dtype = "auto"               # auto (bf16 autocast on an Ampere or later GPU, fp32 elsewhere) | float32 | bfloat16
 compile = "auto"             # torch.compile the training model (auto: on CUDA)
 resume = False               # continue the run in out_dir from its checkpoint
 dry_run = False              # print the plan and exit (no model allocated; of the data, only meta.json: vocabulary, epochs)
@@ -906,9 +906,12 @@ def restore(ckpt, ckpt_path, s, model, optimizers, loader, iters, log):
 
 
 def autocast_dtype(s, dev):
-    """--dtype -> the autocast dtype of training, validation and CORE (float32: no autocast)."""
-    return {"auto": torch.bfloat16 if dev.type == "cuda" else torch.float32, "float32": torch.float32,
-            "bfloat16": torch.bfloat16}[s["dtype"]]
+    """--dtype -> the autocast dtype of training, validation and CORE (float32: no autocast). auto is bf16 on a GPU
+    with bf16 in hardware and float32 elsewhere: on an older GPU (T4, V100) bf16 is emulated and left uncompiled,
+    and float16 training would need a loss scaler, which this loop has not."""
+    if s["dtype"] == "auto":
+        return torch.bfloat16 if dev.type == "cuda" and bf16_in_hardware(dev) else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[s["dtype"]]
 
 
 def training_model(s, model, dev, ddp, world=1):
