@@ -1207,7 +1207,8 @@ def test_the_scripts_leave_ignored_signals_ignored():
 
 def test_ctrl_c_while_torch_loads_is_one_line_and_exit_130(tmp_path):
     """Each script, stopped while its first heavy import loads (a stand-in numpy and torch here, which say so and
-    wait), prints its one line and exits 130, as after it has loaded (no traceback, no silent exit)."""
+    wait), prints its one line and exits 130, as after it has loaded (no traceback, no silent exit); train.py,
+    which handles SIGTERM once loaded, does the same with it: one line and exit 143, not killed by the signal."""
     for name in ("numpy", "torch"):
         (tmp_path / f"{name}.py").write_text("import os, time\nos.write(1, b'loading\\n')\ntime.sleep(60)\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
@@ -1215,12 +1216,17 @@ def test_ctrl_c_while_torch_loads_is_one_line_and_exit_130(tmp_path):
     start = lambda script, **kw: subprocess.Popen([sys.executable, script], cwd=HERE, env=env, stdout=subprocess.PIPE,
                                                   stderr=subprocess.PIPE, text=True, **kw)
     runs = [start(s) for s in scripts] + [start("train.py", preexec_fn=lambda: os.close(2))]  # and stderr closed (`2>&-`)
+    term = start("train.py")
     for script, p in zip(scripts + ["train.py"], runs):
         assert p.stdout.readline() == "loading\n", script
         p.send_signal(signal.SIGINT)
         r = finish(p, 60)
         assert (r.returncode, r.stdout) == (130, ""), script
         assert r.stderr == ("" if p is runs[-1] else f"{script}: interrupted\n"), script
+    assert term.stdout.readline() == "loading\n"
+    term.send_signal(signal.SIGTERM)
+    r = finish(term, 60)
+    assert (r.returncode, r.stdout, r.stderr) == (143, "", "train.py: terminated (SIGTERM)\n")
 
 
 def test_a_second_stop_signal_does_not_cut_the_cleanup_short():

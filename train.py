@@ -34,14 +34,17 @@ import threading
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, fields
 
-# Ctrl-C while torch loads (a second or more): one line and exit 130, not a traceback (left ignored if it was, `cmd &`)
-if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-    def _stopped_while_loading(*_):
+# Ctrl-C or SIGTERM while torch loads (a second or more): one line and exit 130 or 143, not a traceback or a silent
+# kill, as once loaded (a signal ignored at the start stays ignored: `cmd &` ignores SIGINT)
+if __name__ == "__main__":
+    def _stopped_while_loading(sig, _):
         try:
-            os.write(2, b"train.py: interrupted\n")
-        finally:  # exit 130 even with stderr closed (`2>&-`)
-            os._exit(130)
-    signal.signal(signal.SIGINT, _stopped_while_loading)
+            os.write(2, b"train.py: terminated (SIGTERM)\n" if sig == signal.SIGTERM else b"train.py: interrupted\n")
+        finally:  # the exit code even with stderr closed (`2>&-`)
+            os._exit(128 + sig)
+    for _sig in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(_sig) is not signal.SIG_IGN:
+            signal.signal(_sig, _stopped_while_loading)
 
 import numpy as np
 import torch
