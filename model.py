@@ -183,16 +183,16 @@ class GPTConfig:
             bad(f"head_dim={self.head_dim} must be even for RoPE")
         if not isinstance(self.window_pattern, str) or not self.window_pattern or set(self.window_pattern) - set("SL"):
             bad(f"window_pattern must be a non-empty string of 'S' and 'L', got {self.window_pattern!r}")
-        if self.value_source not in ("table", "x0", "v1", "x"):
-            bad(f"value_source must be 'table', 'x0', 'v1' or 'x', got {self.value_source!r}")
-        if self.value_mix not in ("replace", "add"):
-            bad(f"value_mix must be 'replace' or 'add', got {self.value_mix!r}")
-        if self.value_coeff not in ("learned", "fixed", "gated"):
-            bad(f"value_coeff must be 'learned', 'fixed' or 'gated', got {self.value_coeff!r}")
+        said = lambda choices: ", ".join(map(repr, choices[:-1])) + f" or {choices[-1]!r}"  # 'a', 'b' or 'c'
+        for name, choices in (("value_source", ("table", "x0", "v1", "x")), ("value_mix", ("replace", "add")),
+                              ("value_coeff", ("learned", "fixed", "gated"))):  # a new choice needs its code too
+            if getattr(self, name) not in choices:
+                bad(f"{name} must be {said(choices)}, got {getattr(self, name)!r}")
         spec = self.bov_layers
         if isinstance(spec, str):
-            if spec not in ("last_third", "every_other", "all", "none"):
-                bad(f"bov_layers must be 'last_third', 'every_other', 'all', 'none' or a list of layer indices, got {spec!r}")
+            sets = ("last_third", "every_other", "all", "none")  # target_layers() says what each selects
+            if spec not in sets:
+                bad(f"bov_layers must be {', '.join(map(repr, sets))} or a list of layer indices, got {spec!r}")
         elif not (isinstance(spec, tuple) and spec and all(whole(i) and 0 <= i < self.n_layer for i in spec)
                   and len(set(spec)) == len(spec)):
             bad(f"bov_layers as a list must hold distinct layer indices in [0, {self.n_layer}), got {spec!r}")

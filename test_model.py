@@ -913,7 +913,8 @@ def test_cache_overflow_raises():
     (dict(bov_layers="last_half"), "bov_layers must be"),
     (dict(n_embd=50), "not divisible"),
     (dict(window_pattern="SSXL"), "window_pattern"),
-    (dict(variant="bov", value_mix="mix"), "value_mix"),
+    (dict(variant="bov", value_mix="mix"), "value_mix must be 'replace' or 'add', got 'mix'"),
+    (dict(variant="bov", value_coeff="head"), "value_coeff must be 'learned', 'fixed' or 'gated', got 'head'"),
     (dict(variant="bov", value_coeff="gated"), "gated"),
     (dict(variant="t1_r09", shared_table=True), "shared_table"),
     (dict(bov_layers=True), "layer indices in"),  # a bool is no layer index

@@ -720,7 +720,11 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path, capsys, monkeypatch)
     cli_base = [*base[:-2], f"--out_dir={cli_out}", "--max_iters=2", "--resume"]
     cli = start_train(cli_base)
     assert "pass --resume" in error(base)                                   # never overwrite a run
-    assert "different model" in error([*base, "--resume", "--n_layer=3"])   # another config
+    assert error([*base, "--resume", "--n_layer=3"]) == (  # another config: said as the flags that give the checkpoint's
+        f"--resume: {ckpt} is a different model (n_layer=2 there, 3 here); use the same settings (--n_layer=2) or another --out_dir")
+    assert error([*base, "--resume", "--bov_layers=1,0"]) == (  # a layer list as typed, not as Python's tuple (1, 0)
+        f"--resume: {ckpt} is a different model (bov_layers=last_third there, 1,0 here); use the same settings "
+        f"(--bov_layers=last_third) or another --out_dir")
     assert error([*base, "--resume", "--variant=baseline"]) == (f"--resume: {ckpt} is a --size=cpu --variant=bov run, this "
                                                                f"one --size=cpu --variant=baseline; use the same, or another --out_dir")
     assert error([*base, "--resume", "--size=paper_135m"]) == (  # the same model (the flags set it), another recipe

@@ -534,9 +534,12 @@ def load_resume(path, s, model_config, tok_sha, data_counts, iters):
     if preset["size"] != s["size"] or (saved != now and preset["variant"] != s["variant"]):
         raise ConfigError(f"--resume: {path} is a --size={preset['size']} --variant={preset['variant']} run, this one "
                           f"--size={s['size']} --variant={s['variant']}; use the same, or another --out_dir")
-    if saved != now:
-        diff = ", ".join(f"{k}={saved.get(k)!r} there, {now.get(k)!r} here" for k in now if saved.get(k) != now[k])
-        raise ConfigError(f"--resume: {path} is a different model ({diff}); use the same settings or another --out_dir")
+    if saved != now:  # said as the flags that give them: --bov_layers=2,3, not (2, 3)
+        flag = lambda v: ",".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v).lower() if isinstance(v, bool) else str(v)
+        differ = [k for k in now if saved.get(k) != now[k]]
+        diff = ", ".join(f"{k}={flag(saved.get(k))} there, {flag(now[k])} here" for k in differ)
+        flags = " ".join(f"--{k}={flag(saved[k])}" for k in differ if k in saved)
+        raise ConfigError(f"--resume: {path} is a different model ({diff}); use the same settings ({flags}) or another --out_dir")
     # the weights' names and shapes (a meta model: no memory); another float dtype is converted by the load
     want = {k: tuple(v.shape) for k, v in GPT.meta(model_config).state_dict().items()}
     got = {k: tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__ for k, v in ckpt["model"].items()}
