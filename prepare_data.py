@@ -202,11 +202,24 @@ def remove_unused(folder, top):
             folder = os.path.dirname(folder)
 
 
+def not_a_folder(path):
+    """Why path can be no folder, seen without making anything, in a few words; None when it is one or may be made."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return "is a file, not a folder"
+    if os.path.islink(path) and not os.path.exists(path):  # makedirs would say "File exists": say which link
+        try:
+            os.stat(path)
+        except OSError as e:  # a missing target (out/ on a scratch disk not mounted), or a loop of links
+            return f"is a link to {os.readlink(path)} that cannot be followed: {e.strerror}"
+    return None
+
+
 def out_dir_problem(path):
     """None when path is a writable folder (made if missing), else why not, in a few words
     (train.py's --out_dir and bench.py's --plot_dir, checked before any work)."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        return "is a file, not a folder"
+    why = not_a_folder(path)
+    if why:
+        return why
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
@@ -1248,8 +1261,9 @@ def prepare(config, out_dir, force=False, held=None):
     held = {} if held is None else held
     t_start = time.time()
     new_source = lambda: Source(config["source"], config["column"], config["hf_split"])  # fails fast when offline
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):  # before any work
-        raise DataError(f"--out_dir {out_dir} is a file, not a folder")
+    why = not_a_folder(out_dir)  # before any work
+    if why:
+        raise DataError(f"--out_dir {out_dir} {why}")
     busy = f"{out_dir} is in use: another prepare_data.py is writing it, or a train.py is reading it; wait for it to end"
     reading = False  # whether a train.py reads out_dir: then only a finished folder is accepted, and nothing written
     if os.path.isdir(out_dir):  # held until the caller closes it, or this process ends

@@ -621,12 +621,20 @@ def test_bad_input_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "fake.parquet").write_text("not parquet")
     (tmp_path / "file").write_text("")
     files = lambda name: "files:" + str(tmp_path / name)
-    for args, expected in (((files("latin1.txt"), tmp_path / "b"), f"{tmp_path / 'latin1.txt'} is not UTF-8 text (byte 0xe9"),
+    os.symlink(tmp_path / "unmounted", tmp_path / "dangling")  # out/ linked to a scratch disk that is not there
+    os.symlink("loop", tmp_path / "loop")
+    for args, expected in (((files("latin1.txt"), tmp_path / "dangling"), f"--out_dir {tmp_path / 'dangling'} is a link to "
+                            f"{tmp_path / 'unmounted'} that cannot be followed: No such file or directory"),
+                           ((files("latin1.txt"), tmp_path / "loop"), f"--out_dir {tmp_path / 'loop'} is a link to loop that "
+                            "cannot be followed: Too many levels of symbolic links"),
+                           ((files("latin1.txt"), tmp_path / "b"), f"{tmp_path / 'latin1.txt'} is not UTF-8 text (byte 0xe9"),
                            ((files("fake.parquet"), tmp_path / "b"), f"{tmp_path / 'fake.parquet'} is not a readable parquet file"),
                            ((files("latin1.txt"), tmp_path / "file"), f"--out_dir {tmp_path / 'file'} is a file, not a folder"),
                            ((files("latin1.txt"), tmp_path / "file" / "sub"), f"cannot write {tmp_path / 'file' / 'sub'}: Not a directory")):
         msg = prep("--source", args[0], "--vocab_size", 300, "--out_dir", args[1])
         assert msg.startswith("prepare_data.py: error: ") and expected in msg and "\n" not in msg, msg
+    # train.py's --out_dir and bench.py's --plot_dir say the same
+    assert pd.out_dir_problem(tmp_path / "loop") == "is a link to loop that cannot be followed: Too many levels of symbolic links"
 
 
 def test_a_closed_or_full_stdout_is_one_line(tmp_path):

@@ -1433,9 +1433,10 @@ def test_a_failed_save_or_damaged_data_is_one_line(data_dir, tmp_path, monkeypat
         shard = next(f for f in sorted(os.listdir(damaged)) if f.startswith(split + "_"))
         # all through the shard, so the first batch meets one; 300, the first id past the vocabulary (mutant M4: `>`)
         np.memmap(damaged / shard, dtype=np.uint16, mode="r+", offset=24)[1::7] = 300
-        with pytest.raises(train.DataError, match=rf"the {name} data in .* holds token id 300, outside the model's "
-                                                  rf"vocabulary of 300"):
-            train.main([*TINY, f"--data_dir={damaged}", f"--out_dir={tmp_path / 'run2'}", "--max_iters=2"])
+        for vocab in ([], ["--vocab_size=512"]):  # the model's vocabulary may be larger than the data's: still damaged
+            with pytest.raises(train.DataError, match=rf"the {name} data in .* holds token id 300, outside its "
+                                                      rf"vocabulary of 300: it is damaged"):
+                train.main([*TINY, f"--data_dir={damaged}", f"--out_dir={tmp_path / 'run2'}", "--max_iters=2", *vocab])
     # a cut tokenizer: refused before training, as sample.py and eval.py would refuse it (a checkpoint trained beside
     # it would record its hash, and the mended tokenizer would then never read it)
     shutil.rmtree(damaged)

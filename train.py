@@ -1036,9 +1036,11 @@ def run(argv):
         return rec
 
     def check_in_vocab(rows, split):
-        if rows.size and rows.max() >= model_config.vocab_size:  # a damaged shard: one line, not a traceback mid-run
-            raise DataError(f"the {split} data in {s['data_dir']} holds token id {rows.max()}, outside the model's "
-                            f"vocabulary of {model_config.vocab_size}: it is damaged; re-run prepare_data.py with --force")
+        """A damaged shard: one line, not a traceback mid-run. Against the data's vocabulary (token_bytes holds one entry
+        per id), which a model's --vocab_size may exceed (its extra rows are never targets)."""
+        if rows.size and rows.max() >= len(token_bytes):
+            raise DataError(f"the {split} data in {s['data_dir']} holds token id {rows.max()}, outside its vocabulary of "
+                            f"{len(token_bytes)}: it is damaged; re-run prepare_data.py with --force")
     check_in_vocab(val, "validation")
 
     def check_finite(value, what, step):
