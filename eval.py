@@ -501,8 +501,11 @@ def main(argv=None):
             p.error(f"--out {args.out!r} is " + ("empty" if not args.out else "the checkpoint itself") + "; name a results file")
         out = os.path.abspath(args.out) if args.out else \
             os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "core_eval_partial.json" if partial else "core_eval.json")
-        if os.path.isdir(out) or not os.path.isdir(os.path.dirname(out)) or not os.access(os.path.dirname(out), os.W_OK):
-            p.error(f"cannot write the results to {out}" + ("" if args.out else "; choose another file with --out"))  # before the evaluation
+        folder = os.path.dirname(out)
+        why = ("it is a folder" if os.path.isdir(out) else f"there is no folder {folder}" if not os.path.isdir(folder)
+               else f"{folder} is not writable" if not os.access(folder, os.W_OK) else None)
+        if why:  # before the evaluation
+            p.error(f"cannot write the results to {out}: {why}" + ("" if args.out else "; choose another file with --out"))
         if os.path.lexists(out) and (os.path.islink(out) or not os.path.isfile(out)):  # written by a rename: never replaced
             p.error(f"{out} is not a regular file (a link, a device, a pipe): the results replace their file whole; "
                     "name another file" + ("" if args.out else " with --out"))

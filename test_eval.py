@@ -823,7 +823,16 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
     assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode) and os.path.islink(tmp_path / "link.json")
     with pytest.raises(SystemExit):
         ev.main(["--ckpt", str(ckpt), "--bundle", bundle, "--out", str(tmp_path / "nowhere" / "r.json")])
-    assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: cannot write the results to {tmp_path / 'nowhere' / 'r.json'}")
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        f"error: cannot write the results to {tmp_path / 'nowhere' / 'r.json'}: there is no folder {tmp_path / 'nowhere'}")
+    (tmp_path / "ro").mkdir()  # a read-only folder (root writes anywhere, so os.access is told)
+    access = os.access
+    with monkeypatch.context() as m:
+        m.setattr(os, "access", lambda path, mode, **k: path != str(tmp_path / "ro") and access(path, mode, **k))
+        with pytest.raises(SystemExit):
+            ev.main(["--ckpt", str(ckpt), "--bundle", bundle, "--out", str(tmp_path / "ro" / "r.json")])
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        f"error: cannot write the results to {tmp_path / 'ro' / 'r.json'}: {tmp_path / 'ro'} is not writable")
     os.link(ckpt, tmp_path / "hard_link.pt")  # another name for the same file
     for bad, why in (("", "'' is empty"), (str(ckpt), f"{str(ckpt)!r} is the checkpoint itself"),
                      (str(tmp_path / "hard_link.pt"), f"{str(tmp_path / 'hard_link.pt')!r} is the checkpoint itself")):
@@ -867,7 +876,8 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
         return e.value.code, err
     (tmp_path / "run" / "core_eval_partial.json").mkdir()  # the results cannot be written: refused before evaluating
     code, err = refused("--ckpt", ckpt, "--bundle", bundle, "--tasks", "copa")
-    assert code == 2 and f"cannot write the results to {tmp_path / 'run' / 'core_eval_partial.json'}" in err
+    assert code == 2 and err.splitlines()[-1].endswith(f"cannot write the results to {tmp_path / 'run' / 'core_eval_partial.json'}: "
+                                                       "it is a folder; choose another file with --out")
     (tmp_path / "run" / "core_eval_partial.json").rmdir()
     code, err = refused("--ckpt", tmp_path / "typo.pt", "--bundle", tmp_path / "nowhere")  # the checkpoint is checked first
     assert code == f"eval.py: error: no checkpoint at {tmp_path / 'typo.pt'}; `python train.py` writes one" and err == ""
