@@ -71,8 +71,8 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from torch.utils.weak import WeakIdKeyDictionary
 
 from model import GPT, GPTConfig, LIMITS, SIZES, VARIANTS, compile_failed, first_line, out_of_memory
-from prepare_data import (ArgumentParser, atomic_write, handle_signals, json_lines, out_dir_problem, plural, reconfigure_stdout,
-                          silence_stdout, whole_number)
+from prepare_data import (ArgumentParser, atomic_write, handle_signals, json_lines, missing_top, out_dir_problem, plural,
+                          reconfigure_stdout, remove_unused, silence_stdout, whole_number)
 from sample import autocast, check_device, keep_freed_memory, resolve_dtype
 
 PAPER_BUDGETS = {"paper_135m": 1.5e18, "paper_780m": 3.91e19}  # training FLOPs of the paper's runs
@@ -767,6 +767,7 @@ def parse_args(argv=None):
             pyplot()
         except ImportError as e:
             p.error(f"--plot needs matplotlib ({first_line(e)}): pip install -r requirements.txt, or run without --plot")
+    args.plot_dir_made = args.plot and missing_top(args.plot_dir)  # the folder that a failed run removes if still empty
     problem = args.plot and out_dir_problem(args.plot_dir)  # before anything runs: no results lost at the end
     if problem:
         p.error(f"--plot_dir {args.plot_dir} {problem}")
@@ -866,6 +867,8 @@ def main(argv=None):
                 read_metrics(path)
         r = {} if args.metrics else run(args, log)  # metrics files: plots only
     except (KeyboardInterrupt, Exception) as e:
+        if args.plot:  # nothing drawn: the plot folder this run made goes, as it came
+            remove_unused(args.plot_dir, args.plot_dir_made)
         fail(e)
     plot_failure = None
     if args.plot:

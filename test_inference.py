@@ -909,9 +909,10 @@ def test_bench_plots_and_metrics(tmp_path, capsys, monkeypatch):
         bench.main(["--plot", "--plot_dir", str(tmp_path), "/dev/zero"])
     assert e.value.code == "bench.py: error: metrics file /dev/zero is a device (train.py writes metrics.jsonl)"
     (tmp_path / "bad.jsonl").write_text("{not json\n")
-    with pytest.raises(SystemExit) as e:
-        bench.main(["--plot", "--plot_dir", str(tmp_path), str(tmp_path / "bad.jsonl")])
+    with pytest.raises(SystemExit) as e:  # into a new folder: none is left behind, empty
+        bench.main(["--plot", "--plot_dir", str(tmp_path / "new" / "plots"), str(tmp_path / "bad.jsonl")])
     assert e.value.code.startswith(f"bench.py: error: {tmp_path / 'bad.jsonl'}:1: not JSON (")
+    assert not (tmp_path / "new").exists()
     for bad, expected in (({"val_bpb": "2.5", "tokens": 0}, "are not finite numbers: '2.5'"),
                           ({"val_bpb": 2.5, "tokens": 0, "coefficients": {"4": 1.0}}, "coefficients are not"),
                           ({"val_bpb": 2.5, "tokens": 0, "coefficients": {"4": {"gamma_v": None}}}, "coefficients are not")):
