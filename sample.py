@@ -20,7 +20,6 @@ tokens per second) and the offload traffic go to stderr, so stdout holds the tex
 import codecs
 import contextlib
 import ctypes
-import math
 import os
 import signal
 import sys
@@ -37,7 +36,7 @@ if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is not signal.SIG_
 
 import torch
 
-from model import GPT, checkpoint_file, compile_failed, first_line
+from model import GPT, check_temperature, checkpoint_file, compile_failed, first_line
 from prepare_data import (ArgumentParser, DataError, handle_signals, load_tokenizer, plural, reconfigure_stdout,
                           silence_stdout, tokenizer_sha256)
 
@@ -271,8 +270,10 @@ def parse_args(argv=None):
     for name, low in (("num_samples", 1), ("max_new_tokens", 0), ("top_k", 0)):
         if getattr(args, name) < low:
             p.error(f"--{name} must be at least {low}, got {getattr(args, name)}")
-    if not 0 <= args.temperature < math.inf:  # also refuses nan
-        p.error(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    try:
+        check_temperature(args.temperature)  # also refuses nan
+    except ValueError as e:
+        p.error(f"--{e}")
     if not -2 ** 63 <= args.seed < 2 ** 64:  # what torch.Generator.manual_seed takes
         p.error(f"--seed must be in [-2^63, 2^64), got {args.seed}")
     return args

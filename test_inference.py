@@ -526,7 +526,7 @@ def test_nan_temperature_is_refused_and_the_seed_range_is_torchs(capsys):
     """--temperature nan would give NaN probabilities; the seeds torch.Generator takes, and only those, pass."""
     with pytest.raises(SystemExit) as e:
         sample.parse_args(["--temperature", "nan"])
-    assert e.value.code == 2 and "--temperature must be a finite number >= 0, got nan" in capsys.readouterr().err
+    assert e.value.code == 2 and "--temperature must be a finite number >= 0 (0: greedy), not nan" in capsys.readouterr().err
     for seed in (-2 ** 63, 2 ** 64 - 1):
         assert sample.parse_args(["--seed", str(seed)]).seed == seed
         torch.Generator().manual_seed(seed)
