@@ -453,13 +453,14 @@ def fig5a(path):
     """The paper's Fig 5a: memory saved by BoV against context length T (16K..1M), for the nanochat (32,768)
     and Qwen3 (151,936) vocabularies, at paper_780m in bfloat16. The saving is eq. 6's Delta KV (the
     baseline's cache, less BoV's cache and tables), computed with kv_cache_bytes/table_bytes, so BoV's
-    int32 id per token is in; it crosses 0 at T = |V|. Solid, as a share of the baseline's K+V cache:
+    int32 id per token is in: it crosses 0 just past T = |V| (at 32,773 and 151,961 here, by the ids' 4 bytes a
+    token). Solid, as a share of the baseline's K+V cache, the ids aside:
 
-        saved % = 100 x n_bov d (T - |V|) / (2 L d T)  =  100 (n_bov / 2L) (1 - |V| / T)
+        saved % ~ 100 x n_bov d (T - |V|) / (2 L d T)  =  100 (n_bov / 2L) (1 - |V| / T)
 
     which saturates at 1/6, the 16.7 % that the paper's plotted curves approach. Dashed, as a share of the
     V cache alone (the caption's words, "fraction of V cache memory saved"): twice that, up to 1/3. Neither
-    depends on L or d once BoV takes the last third of the layers."""
+    depends on L or d once BoV takes the last third of the layers, but for the ids' share, 4 / (2 L d s) with s bytes a value."""
     plt = pyplot()
     contexts = [int(2 ** (14 + k / 8)) for k in range(6 * 8 + 1)]  # 16K .. 1M
     fig, ax = plt.subplots(figsize=(6, 4))

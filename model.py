@@ -8,7 +8,9 @@ relu^2 MLP, untied lm_head, logit soft-cap, sliding-window attention in an "SSSL
 The paper's one change, Bank of Values (BoV): in each of the last third of layers the value
 vectors no longer come from the residual stream, V = x W_V (eq. 1), but from a per-layer table
 looked up by token id, v_p = gamma_v * E_v[i_p] (eq. 5). E_v starts as RMSNorm(wte) W_V of that
-layer, so the first forward pass equals the "x0 W_V" variant exactly. See `Attention.value()`.
+layer, so the first forward pass equals the "x0 W_V" variant: to the bit when that pass multiplies
+the same rows as the table's one |V| x d matmul (the whole vocabulary in one pass), else up to the
+matmul's float rounding, which may depend on its shape. See `Attention.value()`.
 
 The paper's whole value-vector grid (Table 1, Fig 5b, Tables 2-3) is one mechanism: in each
 *target* layer a context-free V~ (source "x0", "v1" or "table"; "x" is the ordinary V) either

@@ -127,7 +127,7 @@ def mfu(flops_per_token, tok_s, peak, world):
 EPOCH_ADVICE = ("the paper's regime is a single epoch and BoV's tables memorise repeated data (gamma_v grows). "
                 "Lower the budget or prepare more data.")
 # What main() cleans up and stopped_note() reports, whenever run() stops: "ckpt" and "eval_interval" (for the
-# Ctrl-C line; set by run() and plan()), "out_lock" / "data_lock" (the folder locks that claim_out_dir() and
+# Ctrl-C line; set by run() and plan()), "dry_run" (set by run(): a dry run writes nothing, stopped_note() says), "out_lock" / "data_lock" (the folder locks that claim_out_dir() and
 # lock_data() hold), "made" (the out_dir this run created), "signal" (the stop signal that arrived, from
 # stop_signal()), "rank" and "alike" (under torchrun, rank 0 alone prints a stop line, or an error that every
 # rank meets alike: on one machine, any but one GPU's; on several, a loss that is no longer finite).
@@ -253,8 +253,7 @@ def resolve_settings(argv):
                     given.pop(k, None)
             for k, v in scope.items():
                 if not k.startswith("_") and not (cli_budgets and k in budgets):  # --key=value's budget wins
-                    like = defaults.get(k, model_defaults.get(k))
-                    given[k] = v if like is None else _check_type(k, v, like, f"config file {arg}")
+                    given[k] = _check_type(k, v, defaults.get(k, model_defaults.get(k)), f"config file {arg}")
             continue
         key, _, text = arg[2:].partition("=")
         if key not in defaults and key not in model_defaults:
@@ -1184,7 +1183,7 @@ def usage():
     return (f"{__doc__.strip()}\n\nTraining settings and their defaults:\n{keys}\n"
             f"\nWhat each --size sets instead (the default size is {size!r}):\n{sizes}\n"
             f"\nVariants (--variant): {', '.join(VARIANTS)}"
-            f"\nModel settings (GPTConfig fields; default: the size's): {', '.join(MODEL_KEYS)}")
+            f"\nModel settings (GPTConfig fields; default: the size's shape, the variant's value fields, the data's vocab_size): {', '.join(MODEL_KEYS)}")
 
 
 if __name__ == "__main__":
