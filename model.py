@@ -927,9 +927,11 @@ class GPT(nn.Module):
         return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
 
     def new_cache(self, batch, max_len=None):
-        """A KVCache for `batch` sequences of up to max_len (default and at most block_size) tokens."""
+        """A KVCache for `batch` sequences of up to max_len (default and at most block_size) tokens, in the dtype of
+        the keys and values it will hold: autocast's, which casts every float but float64, or the weights'."""
         p = self.wte.weight
-        dtype = torch.get_autocast_dtype(p.device.type) if torch.is_autocast_enabled(p.device.type) else p.dtype
+        cast = torch.is_autocast_enabled(p.device.type) and p.dtype != torch.float64
+        dtype = torch.get_autocast_dtype(p.device.type) if cast else p.dtype
         return KVCache(self.config, batch, self.config.block_size if max_len is None else max_len, dtype, p.device)
 
     # -- accounting -----------------------------------------------------------

@@ -898,6 +898,18 @@ def test_table_decode_scores_and_softmax_are_float32_under_bf16(monkeypatch):
     assert scores and set(scores) == {torch.float32}
 
 
+@pytest.mark.parametrize("variant", ["baseline", "bov"])
+def test_a_float64_model_decodes_under_autocast_as_without(variant):
+    """Autocast leaves float64 alone, so a float64 model's q, K and V stay float64 under a bf16 autocast: its cache
+    must be float64 too (a bf16 cache rounded K and V and SDPA refused the mixed dtypes), and the cached decode gives
+    the tokens of the uncached one."""
+    model, prompt = build(tiny(variant)), batch(tiny(variant), B=1, T=5)
+    expected = model.generate(prompt, 6, temperature=0, use_cache=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model.new_cache(1).k[0].dtype == torch.float64
+        assert torch.equal(model.generate(prompt, 6, temperature=0), expected)
+
+
 def test_cache_overflow_raises():
     model = GPT(tiny())
     cache = model.new_cache(1, max_len=10)
