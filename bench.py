@@ -424,7 +424,9 @@ def pyplot():
 
 def run_names(paths):
     """{metrics path: its run's label in the plots}: the folder of the file (its out_dir), with as many folders above
-    it as tell apart runs whose folders have the same name (a/out/cpu_bov and b/out/cpu_bov: a/out/cpu_bov, b/...)."""
+    it as tell apart runs whose folders have the same name (a/out/cpu_bov and b/out/cpu_bov: a/out/cpu_bov, b/...).
+    Shown as written, not read by matplotlib: $ is not maths, a leading _ does not hide the run, bytes that are
+    not UTF-8 show as U+FFFD."""
     parts = {p: os.path.dirname(os.path.abspath(p)).strip(os.sep).split(os.sep) for p in paths}
     labels = {}
     for p, folders in parts.items():
@@ -434,7 +436,11 @@ def run_names(paths):
             if label and all(q == p or os.sep.join(f[-k:]) != label for q, f in parts.items()):
                 labels[p] = label
                 break
-    return labels
+
+    def shown(label):
+        label = os.fsencode(label).decode("utf-8", "replace").replace("$", r"\$")
+        return "\u200b" + label if label.startswith("_") else label  # a zero-width space: not a hidden label
+    return {p: shown(label) for p, label in labels.items()}
 
 
 def save(fig, ax, path, title, xlabel, ylabel, **legend):

@@ -929,6 +929,24 @@ def test_bench_plot_labels_tell_runs_apart_and_a_failed_png_keeps_the_results(tm
         == {"/a/out/cpu_bov/metrics.jsonl": "a/out/cpu_bov", "/b/out/cpu_bov/metrics.jsonl": "b/out/cpu_bov",
             "/a/out/cpu_baseline/m.jsonl": "cpu_baseline"}
     assert bench.run_names(["/x/m.jsonl", "/x/n.jsonl"]) == {"/x/m.jsonl": "/x/m.jsonl", "/x/n.jsonl": "/x/n.jsonl"}
+    # folder names are shown as written: a pair of $ was read as maths (a crash, or "error: 5_to_"), a name not UTF-8
+    # crashed matplotlib, and a leading _ hid the run from the legend
+    runs = []
+    for name in ("cost_$5_to_$10", "_try", os.fsdecode(b"o\xff")):
+        runs.append(os.path.join(os.fsencode(tmp_path).decode(), name, "metrics.jsonl"))
+        os.makedirs(os.path.dirname(runs[-1]))
+        with open(runs[-1], "w") as f:
+            f.write(json.dumps({"type": "eval", "step": 0, "tokens": 0, "val_bpb": 3.0,
+                                "coefficients": {"4": {"gamma_v": 1.0}}}) + "\n")
+    assert list(bench.run_names(runs).values()) == [r"cost_\$5_to_\$10", "\u200b_try", "o\ufffd"]
+    legends, save = [], bench.save
+    monkeypatch.setattr(bench, "save", lambda fig, ax, *a, **k: (save(fig, ax, *a, **k),
+                                                                 legends.append([t.get_text() for t in ax.get_legend().get_texts()])))
+    bench.val_curves(runs, str(tmp_path / "val.png"))
+    assert bench.coefficient_plot(runs, str(tmp_path / "coefficients.png"))
+    assert legends[0] == [r"cost_\$5_to_\$10", "\u200b_try", "o\ufffd"] and len(legends[1]) == 3
+    assert (tmp_path / "val.png").stat().st_size > 1000 and (tmp_path / "coefficients.png").stat().st_size > 1000
+    monkeypatch.setattr(bench, "save", save)
     monkeypatch.setattr(bench, "run", lambda args, log: {"speed": {}, "measured": 1.5})
 
     def full_disk(args, log):
