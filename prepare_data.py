@@ -72,6 +72,11 @@ from tqdm import tqdm
 
 DEFAULT_DATA_DIR = "data/shakespeare"
 FORMAT = 1  # version of the whole layout (meta.json, tokenizer.json, shards)
+# the fields, besides the shard lists, that a rerun reads from the state file (progress.json, then meta.json), and those
+# that meta.json adds for the loading API: checked, so that an edited or older file is one line, not a KeyError
+STATE_FIELDS = {"config": dict, "vocab_size": int, "bos_id": int, "dtype": str, "val_done": bool, "train_done": bool}
+META_FIELDS = {"vocab_size": int, "bos_id": int, "dtype": str, "tokenizer_file": str, "token_bytes": str,
+               "train_tokens": int, "val_tokens": int, "train_docs": int, "val_docs": int}
 
 # nanochat's split pattern (the paper's tokenizer): GPT-4's (cl100k) with digits in runs of 1-2, not 1-3
 SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
@@ -384,14 +389,26 @@ def _open_shard(path, dtype, expected_tokens, bos_id):
 
 
 def _shard_lists_problem(state):
-    """None if both shard lists of a meta / progress state hold {"file": str, "tokens": int, ...} entries."""
+    """None if both shard lists of a meta / progress state hold {"file": str, "tokens": int, "docs": int, ...} entries."""
     def well_formed(shard):
-        return isinstance(shard, dict) and isinstance(shard.get("file"), str) and isinstance(shard.get("tokens"), int)
+        return isinstance(shard, dict) and isinstance(shard.get("file"), str) and all(
+            isinstance(shard.get(k), int) for k in ("tokens", "docs"))
 
     for split in ("train", "val"):
         shards = state.get(split + "_shards")
         if not isinstance(shards, list) or not all(map(well_formed, shards)):
-            return f"lists a {split} shard without a file name and token count"
+            return f"lists a {split} shard without a file name and token and document counts"
+    return None
+
+
+KINDS = {bool: "true or false", int: "a whole number", str: "a string", dict: "a dict"}
+
+
+def _fields_problem(state, fields):
+    """None if the dict state has each of fields ({name: type}) as a value of that type, else which one it lacks."""
+    for key, kind in fields.items():
+        if not isinstance(state.get(key), kind) or (kind is int and isinstance(state[key], bool)):
+            return f"has no {key} (or not {KINDS[kind]})"
     return None
 
 
@@ -442,13 +459,10 @@ def load_meta(data_dir):
     if meta.get("format") != FORMAT:
         raise DataError(f"{path} has format {meta.get('format')}, this code reads {FORMAT}; "
                         f"re-run prepare_data.py with --force")
-    for key, kind in (("vocab_size", int), ("bos_id", int), ("dtype", str), ("tokenizer_file", str),
-                      ("token_bytes", str), ("train_shards", list), ("val_shards", list)):
-        value = meta.get(key)
-        if not isinstance(value, kind) or value == []:
-            what = "non-empty list" if kind is list else kind.__name__
-            raise DataError(f"{path} has no {key} (or not a {what}); re-run prepare_data.py with --force")
-    if problem := _shard_lists_problem(meta):
+    for key in ("train_shards", "val_shards"):
+        if not isinstance(meta.get(key), list) or meta[key] == []:
+            raise DataError(f"{path} has no {key} (or not a non-empty list); re-run prepare_data.py with --force")
+    if problem := _fields_problem(meta, META_FIELDS) or _shard_lists_problem(meta):
         raise DataError(f"{path} {problem}; re-run prepare_data.py with --force")
     if meta["dtype"] not in ("uint16", "uint32"):
         raise DataError(f"{path} has dtype {meta['dtype']!r}, not uint16 or uint32; re-run prepare_data.py with --force")
@@ -1206,20 +1220,23 @@ def load_state(out_dir, config, force, readonly=False):
             state = json.load(f)
     except (OSError, ValueError) as e:
         raise DataError(f"{path} is unreadable ({e}); pass --force to rebuild {out_dir}")
-    if not (isinstance(state, dict) and {"format", "config", "val_shards", "train_shards"} <= set(state)
-            and isinstance(state["config"], dict)):
+    if not (isinstance(state, dict) and {"format", "config", "val_shards", "train_shards"} <= set(state)):
         raise DataError(f"{path} is not a prepare_data.py state file; pass --force to rebuild {out_dir}")
-    if problem := _shard_lists_problem(state):
-        raise DataError(f"{path} {problem}; pass --force to rebuild {out_dir}")
     if state.get("format") != FORMAT:
         raise DataError(f"{out_dir} was prepared in format {state.get('format')}, this code writes {FORMAT}; "
                         f"pass --force to rebuild it")
+    if problem := _fields_problem(state, STATE_FIELDS | (META_FIELDS if name == "meta.json" else {})) or \
+            _shard_lists_problem(state) or (state["dtype"] not in ("uint16", "uint32") and f"has dtype {state['dtype']!r}"):
+        raise DataError(f"{path} {problem}; pass --force to rebuild {out_dir}")
     old = state["config"]
     if old != config:
         # the first key that differs: config's own in order, then any that only the old config has
-        diff = next(k for k in list(config) + sorted(set(old) - set(config)) if old.get(k) != config.get(k))
-        raise DataError(f"{out_dir} holds data prepared with other arguments ({diff}: {old.get(diff)!r}, "
-                        f"now {config.get(diff)!r}); use another --out_dir or pass --force to rebuild it")
+        missing = object()  # a key one side lacks differs from every value, None included
+        diff = next(k for k in list(config) + sorted(set(old) - set(config)) if old.get(k, missing) != config.get(k, missing))
+        was = repr(old[diff]) if diff in old else "not recorded"  # a folder of a version before that argument
+        now = repr(config[diff]) if diff in config else "no such argument"
+        raise DataError(f"{out_dir} holds data prepared with other arguments ({diff}: {was}, now {now}); "
+                        f"use another --out_dir or pass --force to rebuild it")
     try:
         with open(os.path.join(out_dir, "tokenizer.json")) as f:
             _encoding_from_json(json.load(f))

@@ -746,7 +746,7 @@ def test_force_deletes_nothing_when_the_new_source_is_bad(tmp_path):
     meta = json.loads((out / "meta.json").read_text())
     (out / "meta.json").write_text(json.dumps(dict(meta, train_shards=[5])))
     assert prep("--source", "files:" + pattern, "--vocab_size", 300, "--val_tokens", 500, "--out_dir", out) == (
-        f"prepare_data.py: error: {out / 'meta.json'} lists a train shard without a file name and token count; "
+        f"prepare_data.py: error: {out / 'meta.json'} lists a train shard without a file name and token and document counts; "
         f"pass --force to rebuild {out}")
     (out / "meta.json").write_text(json.dumps(meta))
     (out / "meta.json").write_text("[1]")  # valid JSON, not a state file
@@ -812,13 +812,13 @@ def test_more_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
     meta["config"]["extra"] = 1
     (out / "meta.json").write_text(json.dumps(meta))
     msg = prep("--source", "files:" + pattern, *args, "--out_dir", out)
-    assert "other arguments (extra: 1, now None)" in msg and "\n" not in msg
+    assert "other arguments (extra: 1, now no such argument)" in msg and "\n" not in msg
     (out / "meta.json").write_text("[]")
     with pytest.raises(pd.DataError, match="is not a prepare_data.py meta file"):
         pd.load_meta(out)
     for key, value, expected in (("vocab_size", None, "has no vocab_size"), ("train_shards", [], "has no train_shards"),
                                  ("dtype", "float99", "has dtype 'float99'"),
-                                 ("train_shards", [5], "lists a train shard without a file name and token count"),
+                                 ("train_shards", [5], "lists a train shard without a file name and token and document counts"),
                                  ("val_shards", [{"file": "val_00000.bin"}], "lists a val shard without a file name")):
         edited = dict(meta, **{key: value})
         (out / "meta.json").write_text(json.dumps(edited))
@@ -1097,7 +1097,7 @@ def test_a_damaged_folder_is_refused_in_one_line(corpus, tmp_path):
     meta_json = out / "meta.json"
     for edit, call, message in (
             (dict(train_shards=meta["train_shards"] + [5]), lambda: pd.load_tokens(out, "train"),
-             f"{meta_json} lists a train shard without a file name and token count; re-run prepare_data.py with --force"),
+             f"{meta_json} lists a train shard without a file name and token and document counts; re-run prepare_data.py with --force"),
             (dict(format=2), lambda: pd.load_tokens(out, "train"),
              f"{meta_json} has format 2, this code reads 1; re-run prepare_data.py with --force"),
             (dict(vocab_size=513), lambda: pd.load_tokenizer(out),
@@ -1405,13 +1405,28 @@ def test_more_damaged_state_files_are_refused_in_one_line(corpus, tmp_path):
             return str(e)
     for edit, call, message in (
             (dict(train_shards=meta["train_shards"] + [{"tokens": 5}]), lambda: pd.load_tokens(out, "train"),
-             f"{meta_json} lists a train shard without a file name and token count; re-run prepare_data.py with --force"),
+             f"{meta_json} lists a train shard without a file name and token and document counts; re-run prepare_data.py with --force"),
             (dict(val_shards={}), rerun, f"prepare_data.py: error: {meta_json} lists a val shard without a file name and "
-                                         f"token count; pass --force to rebuild {out}"),
-            (dict(config=None), rerun, f"prepare_data.py: error: {meta_json} is not a prepare_data.py state file; pass "
+                                         f"token and document counts; pass --force to rebuild {out}"),
+            (dict(config=None), rerun, f"prepare_data.py: error: {meta_json} has no config (or not a dict); pass "
                                        f"--force to rebuild {out}"),
+            # fields a rerun or the loading API reads, gone or of another type (an edited file, an older version's):
+            # they were KeyErrors and ValueErrors, in prepare_data.py and in train.py
+            ({"val_done": None}, rerun, f"prepare_data.py: error: {meta_json} has no val_done (or not true or false); "
+                                        f"pass --force to rebuild {out}"),
+            ({"bos_id": None}, rerun, f"prepare_data.py: error: {meta_json} has no bos_id (or not a whole number); "
+                                      f"pass --force to rebuild {out}"),
+            ({"dtype": "int8"}, rerun, f"prepare_data.py: error: {meta_json} has dtype 'int8'; pass --force to rebuild {out}"),
+            ({"train_tokens": "x"}, lambda: pd.load_meta(out),
+             f"{meta_json} has no train_tokens (or not a whole number); re-run prepare_data.py with --force"),
+            ({"val_docs": None}, rerun, f"prepare_data.py: error: {meta_json} has no val_docs (or not a whole number); "
+                                        f"pass --force to rebuild {out}"),
+            # an argument this version records and the folder's did not: named, not a StopIteration
+            (dict(config={k: v for k, v in meta["config"].items() if k != "hf_split"}), rerun,
+             f"prepare_data.py: error: {out} holds data prepared with other arguments (hf_split: not recorded, now None); "
+             f"use another --out_dir or pass --force to rebuild it"),
             ({"token_bytes": None}, lambda: pd.load_token_bytes(out),
-             f"{meta_json} has no token_bytes (or not a str); re-run prepare_data.py with --force"),
+             f"{meta_json} has no token_bytes (or not a string); re-run prepare_data.py with --force"),
             (dict(bos_id=0), lambda: pd.load_tokenizer(out),
              f"{out / 'tokenizer.json'} does not match {out}/meta.json; re-run prepare_data.py with --force")):
         meta_json.write_text(json.dumps(dict(meta, **edit)))
