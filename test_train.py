@@ -734,6 +734,14 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path, capsys, monkeypatch)
     renamed["train_config"]["variant"] = "t1_r02"                   # and t1_r01, say) resumes: the model decides
     torch.save(renamed, ckpt)
     train.main([*base, "--resume"])  # (finished already: no step)
+    older = torch.load(io.BytesIO(before), weights_only=True)  # written before a model field existed: its default
+    del older["model_config"]["shared_table"]                    # (False) is this run's, so it resumes, as sample.py
+    torch.save(older, ckpt)                                      # reads it (the advice was "use the same settings ()")
+    train.main([*base, "--resume"])
+    older["model_config"]["bogus"] = 1  # a field this code does not have
+    torch.save(older, ckpt)
+    assert error([*base, "--resume"]) == (f"--resume: {ckpt} names model settings this code does not have (bogus): a "
+                                          f"checkpoint of another version of model.py; use that version, or another --out_dir")
     open(ckpt, "wb").write(before)
     capsys.readouterr()
     with monkeypatch.context() as m:  # refused before the data is loaded or the model built (a 780M takes a while)
@@ -805,6 +813,9 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path, capsys, monkeypatch)
         f.write(" ")
     assert f"was trained on the data in {data_dir}, this run reads {other}" in error(
         [*base[:-1], "--resume", f"--data_dir={other}", "--max_iters=2"])
+    # other data of another vocabulary makes another model too: the data is named, as what to change
+    assert f"was trained on the data in {data_dir}, this run reads {other}" in error(
+        [*base[:-1], "--resume", f"--data_dir={other}", "--max_iters=2", "--vocab_size=5000"])
     moved = tmp_path / "moved_data"  # the same data in another folder: the tokenizer and the counts say so
     shutil.copytree(data_dir, moved)
     train.main([*base[:-1], "--resume", f"--data_dir={moved}", "--max_iters=2"])

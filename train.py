@@ -527,25 +527,7 @@ def load_resume(path, s, model_config, tok_sha, data_counts, iters):
             raise ConfigError(f"--resume: {path} is damaged ({key!r} is a {type(ckpt[key]).__name__}, not a {kind.__name__})")
     if not all(isinstance(m, dict) and {"type", "step"} <= set(m) for m in ckpt["metrics"]):
         raise ConfigError(f"--resume: {path} is damaged (its metrics are not train.py's records)")
-    saved, now = ckpt["model_config"], asdict(model_config)
-    preset = {k: ckpt["train_config"].get(k) for k in ("size", "variant")}
-    # another preset: named, not the fields or rates it sets; a variant of the same model (baseline, t1_r01) resumes
-    if preset["size"] != s["size"] or (saved != now and preset["variant"] != s["variant"]):
-        raise ConfigError(f"--resume: {path} is a --size={preset['size']} --variant={preset['variant']} run, this one "
-                          f"--size={s['size']} --variant={s['variant']}; use the same, or another --out_dir")
-    if saved != now:  # said as the flags that give them: --bov_layers=2,3, not (2, 3)
-        flag = lambda v: ",".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v).lower() if isinstance(v, bool) else str(v)
-        differ = [k for k in now if saved.get(k) != now[k]]
-        diff = ", ".join(f"{k}={flag(saved.get(k))} there, {flag(now[k])} here" for k in differ)
-        flags = " ".join(f"--{k}={flag(saved[k])}" for k in differ if k in saved)
-        raise ConfigError(f"--resume: {path} is a different model ({diff}); use the same settings ({flags}) or another --out_dir")
-    # the weights' names and shapes (a meta model: no memory); another float dtype is converted by the load
-    want = {k: tuple(v.shape) for k, v in GPT.meta(model_config).state_dict().items()}
-    got = {k: tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__ for k, v in ckpt["model"].items()}
-    if got != want:
-        bad = sorted(map(str, set(want) ^ set(got))) + [k for k in want if k in got and got[k] != want[k]]
-        raise ConfigError(f"--resume: {path} is damaged (its weights do not fit the model it names: "
-                          f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})")
+    # the data first: other data (another vocabulary) also makes another model, and the data is what to change
     there = ckpt["data_dir"]
     same_data = ckpt["tokenizer_sha256"] == tok_sha and ckpt["data_counts"] == data_counts
     same = os.path.realpath(s["data_dir"]) == os.path.realpath(there) or s["data_dir"] == ckpt["train_config"].get("data_dir")
@@ -559,6 +541,29 @@ def load_resume(path, s, model_config, tok_sha, data_counts, iters):
                          if ckpt["data_counts"].get(k) != data_counts[k])
         raise ConfigError(f"--resume: the data in {s['data_dir']} is not the data {path} was trained on ({diff}: it was "
                           f"prepared again); resume needs the same data")
+    saved, now = ckpt["model_config"], asdict(model_config)
+    if unknown := sorted(set(saved) - set(now)):
+        raise ConfigError(f"--resume: {path} names model settings this code does not have ({', '.join(unknown)}): a "
+                          f"checkpoint of another version of model.py; use that version, or another --out_dir")
+    saved = {**{f.name: f.default for f in fields(GPTConfig)}, **saved}  # a field it predates: its default, as sample.py reads it
+    preset = {k: ckpt["train_config"].get(k) for k in ("size", "variant")}
+    # another preset: named, not the fields or rates it sets; a variant of the same model (baseline, t1_r01) resumes
+    if preset["size"] != s["size"] or (saved != now and preset["variant"] != s["variant"]):
+        raise ConfigError(f"--resume: {path} is a --size={preset['size']} --variant={preset['variant']} run, this one "
+                          f"--size={s['size']} --variant={s['variant']}; use the same, or another --out_dir")
+    if saved != now:  # said as the flags that give them: --bov_layers=2,3, not (2, 3)
+        flag = lambda v: ",".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v).lower() if isinstance(v, bool) else str(v)
+        differ = [k for k in now if saved[k] != now[k]]
+        diff = ", ".join(f"{k}={flag(saved[k])} there, {flag(now[k])} here" for k in differ)
+        flags = " ".join(f"--{k}={flag(saved[k])}" for k in differ)
+        raise ConfigError(f"--resume: {path} is a different model ({diff}); use the same settings ({flags}) or another --out_dir")
+    # the weights' names and shapes (a meta model: no memory); another float dtype is converted by the load
+    want = {k: tuple(v.shape) for k, v in GPT.meta(model_config).state_dict().items()}
+    got = {k: tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__ for k, v in ckpt["model"].items()}
+    if got != want:
+        bad = sorted(map(str, set(want) ^ set(got))) + [k for k in want if k in got and got[k] != want[k]]
+        raise ConfigError(f"--resume: {path} is damaged (its weights do not fit the model it names: "
+                          f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})")
     must_match = ("seed", "total_batch_tokens", "target_flops", "target_tokens", "max_iters", "matrix_lr",
                   "embedding_lr", "unembedding_lr", "scalar_lr", "table_lr", "weight_decay", "warmup_iters",
                   "warmdown_frac", "final_lr_frac")
