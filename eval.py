@@ -526,7 +526,7 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("eval.py: interrupted", file=sys.stderr)
         sys.exit(130)  # 128 + SIGINT, as a shell reports Ctrl-C
-    result["ckpt"] = os.path.abspath(args.ckpt)
+    result["ckpt"], result["step"] = os.path.abspath(args.ckpt), ckpt.get("step")  # which save of its run (None: not train.py's)
     table = format_table(result)
     try:  # the file first: a closed or full stdout must not lose the evaluation
         write_json(out, result, f"{out}.tmp{os.getpid()}")  # per process: two runs on one checkpoint never share it

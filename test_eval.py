@@ -764,7 +764,7 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
     bundle = write_bundle(tmp_path, {label: fixture_items(label, 4, seed=k) for k, label in enumerate(ev.TASKS)})
     model = tiny_gpt(300, 64)
     ckpt = tmp_path / "run" / "ckpt.pt"
-    model.save_checkpoint(str(ckpt), data_dir=str(data_dir))
+    model.save_checkpoint(str(ckpt), data_dir=str(data_dir), step=7)  # as train.py's save at step 7
     # a full stdout loses nothing (the file is written first): checked below on a copy of the checkpoint in a
     # folder of its own, in a process started now, alongside the full run (their torch imports overlap)
     on_full_ckpt = tmp_path / "full_stdout" / "ckpt.pt"
@@ -777,7 +777,7 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
     assert r.returncode == 0, r.stderr
     out = json.loads((tmp_path / "run" / "core_eval.json").read_text())
     assert sorted(os.listdir(tmp_path / "run")) == ["ckpt.pt", "core_eval.json"]  # no temporary file left
-    assert list(out["tasks"]) == list(ev.TASKS) and out["ckpt"] == str(ckpt) and out["bundle"] == bundle
+    assert list(out["tasks"]) == list(ev.TASKS) and out["ckpt"] == str(ckpt) and out["bundle"] == bundle and out["step"] == 7
     assert out["max_per_task"] is None and set(out["tasks"]["copa"]) == {"accuracy", "centered", "random_baseline", "items", "shots", "kind"}
     table = r.stdout.splitlines()
     for label, v in out["tasks"].items():
@@ -919,7 +919,7 @@ def test_cli_end_to_end_on_a_tiny_real_model(tmp_path, capsys, monkeypatch):
     assert sorted(reads) == sorted(ev.TASKS)
     saved = json.loads((run / "core_eval.json").read_text())
     assert f"CORE {saved['core']:.4f}; wrote {run / 'core_eval.json'}" in capsys.readouterr().out
-    assert list(saved["tasks"]) == list(ev.TASKS) and saved["ckpt"] == str(run / "ckpt.pt")
+    assert list(saved["tasks"]) == list(ev.TASKS) and saved["ckpt"] == str(run / "ckpt.pt") and saved["step"] == 2
 
 
 # ---------------------------------------------------------------------------- few-shot prompts, partial runs

@@ -403,9 +403,15 @@ def test_a_resume_with_another_validation_slice_is_warned_of(data_dir, tmp_path,
     train.main([*args, "--resume"])  # the same slice: no warning
     assert "WARNING: eval_tokens" not in capsys.readouterr().out
     torch.save(saved, tmp_path / "run" / "ckpt.pt")
+    (tmp_path / "run" / "core_eval_partial.json").write_text("{}")  # eval.py's scores of the step-2 checkpoint
     train.main([*args, "--resume", "--eval_tokens=1024"])
+    out = capsys.readouterr().out
     assert ("WARNING: eval_tokens was 2048 there and is 1024 here: val losses after step 2 may be measured on another "
-            "slice than those before") in capsys.readouterr().out
+            "slice than those before") in out
+    assert (f"note: core_eval_partial.json in {tmp_path / 'run'} scores the checkpoint of step 2 or an earlier one, not "
+            f"the one this run ends with: run eval.py again after it") in out
+    train.main([*args, "--resume"])  # finished: nothing replaces the checkpoint, no note
+    assert "note: core_eval" not in capsys.readouterr().out
 
 
 def test_resume_after_sigkill_is_bit_exact(data_dir, tmp_path, capsys):

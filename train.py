@@ -912,6 +912,10 @@ def restore(ckpt, ckpt_path, s, model, optimizers, loader, iters, log):
     if ckpt["train_config"].get("eval_tokens") != s["eval_tokens"] and step < iters:  # allowed; the yardstick may change
         log(f"WARNING: eval_tokens was {ckpt['train_config'].get('eval_tokens')} there and is {s['eval_tokens']} here: "
             f"val losses after step {step} may be measured on another slice than those before")
+    scores = [n for n in ("core_eval.json", "core_eval_partial.json") if os.path.exists(os.path.join(s["out_dir"], n))]
+    if scores and step < iters:  # eval.py's results of a checkpoint that this run goes on to replace
+        log(f"note: {' and '.join(scores)} in {s['out_dir']} score{'s' * (len(scores) == 1)} the checkpoint of step {step} "
+            f"or an earlier one, not the one this run ends with: run eval.py again after it")
     return step, metrics, smooth
 
 
@@ -1125,7 +1129,7 @@ def run(argv):
         if s["core_eval"]:
             from eval import evaluate_core
             result = evaluate_core(model, core_tokenizer, device=dev, loaded=core_bundle, dtype=autocast_dtype(s, dev))
-            result["ckpt"] = os.path.abspath(ckpt_path)
+            result["ckpt"], result["step"] = os.path.abspath(ckpt_path), step
             core_path = os.path.join(s["out_dir"], "core_eval.json")  # what eval.py writes for the same checkpoint
             write_json(core_path, result)
             log(f"CORE {result['core']:.4f}; wrote {core_path}")
