@@ -32,11 +32,13 @@ always come from the whole task, so an item's prompt is the same in a subset as 
 
 import csv
 import difflib
+import glob
 import json
 import os
 import random
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -158,7 +160,8 @@ def download_bundle(url, dest, flag):
     parent = os.path.dirname(dest)
     try:
         os.makedirs(parent, exist_ok=True)
-        work = tempfile.mkdtemp(prefix=".eval_bundle.", dir=parent)
+        remove_dead_downloads(parent)
+        work = tempfile.mkdtemp(prefix=f".eval_bundle.{os.getpid()}@{socket.gethostname()}.", dir=parent)
     except OSError as e:
         raise EvalError(f"cannot make the bundle cache {parent} ({e.strerror or e}); set XDG_CACHE_HOME to a writable "
                         f"folder, or unzip the bundle anywhere and pass {flag}") from None
@@ -187,6 +190,22 @@ def download_bundle(url, dest, flag):
         print(f"eval bundle ready in {dest}", file=sys.stderr)  # stdout is the results table
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def remove_dead_downloads(parent):
+    """Remove the work folders in parent of downloads by this machine's processes that are gone: killed with SIGKILL,
+    or by a power cut, no `finally` removed them. A live process's, or another machine's (a shared home), stay."""
+    host = socket.gethostname()
+    for path in glob.glob(os.path.join(glob.escape(parent), f".eval_bundle.*@{glob.escape(host)}.*")):
+        pid = os.path.basename(path)[len(".eval_bundle."):].split("@")[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)  # signal 0: only asks whether the process exists
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (PermissionError, OverflowError):  # another user's, alive; a pid no process can have
+            pass
 
 
 def load_baselines(bundle):

@@ -11,6 +11,7 @@ import os
 import random
 import re
 import signal
+import shutil
 import socket
 import stat
 import subprocess
@@ -505,8 +506,23 @@ def test_download_once_into_the_cache(tmp_path, monkeypatch, capsys):
     data[info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)] = 0xFF  # block type 3: reserved
     (tmp_path / "www" / "corrupt.zip").write_bytes(bytes(data))
     server, url, log = serve(tmp_path / "www")
+    # the work folders of earlier downloads: one whose process was killed (SIGKILL: no cleanup ran) is removed by
+    # the next download; a live process's and another machine's (a shared home folder) stay
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()
+    leftovers = {f".eval_bundle.{pid}@{host}.x": kept for pid, host, kept in (
+        (gone.pid, socket.gethostname(), False), (os.getpid(), socket.gethostname(), True), (gone.pid, "elsewhere", True))}
+    for name in leftovers:
+        (tmp_path / "cache" / "bov" / name).mkdir(parents=True)
+        (tmp_path / "cache" / "bov" / name / "eval_bundle.zip").write_bytes(b"part of a zip")
     try:
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+        monkeypatch.setenv("BOV_EVAL_BUNDLE_URL", f"{url}/broken.zip")
+        with pytest.raises(ev.EvalError, match="could not download and unzip"):
+            ev.get_bundle()
+        assert sorted(os.listdir(tmp_path / "cache" / "bov")) == sorted(n for n, kept in leftovers.items() if kept)
+        for name in leftovers:
+            shutil.rmtree(tmp_path / "cache" / "bov" / name, ignore_errors=True)
         for name in ("broken.zip", "corrupt.zip"):
             monkeypatch.setenv("BOV_EVAL_BUNDLE_URL", f"{url}/{name}")
             with pytest.raises(ev.EvalError, match="could not download and unzip"):
@@ -520,7 +536,7 @@ def test_download_once_into_the_cache(tmp_path, monkeypatch, capsys):
         assert path == str(tmp_path / "cache" / "bov" / "eval_bundle") and sorted(os.listdir(tmp_path / "cache" / "bov")) == ["eval_bundle"]
         res = ev.evaluate_core(RuleModel(), CharTokenizer(), None, tasks=["copa"])
         assert res["bundle"] == path and res["tasks"]["copa"]["items"] == 5
-        assert log == ["/broken.zip", "/corrupt.zip", "/eval_bundle.zip"]  # the second use read the cache
+        assert log == ["/broken.zip", "/broken.zip", "/corrupt.zip", "/eval_bundle.zip"]  # the second use read the cache
         os.remove(os.path.join(path, "eval_meta_data.csv"))  # a damaged cache is reported, not papered over
         with pytest.raises(ev.EvalError, match=f"has no eval_meta_data.csv; delete {path} to download the bundle again"):
             ev.get_bundle()
