@@ -635,18 +635,26 @@ class GPT(nn.Module):
         config.validate()
         self.config = config
         with torch.device("meta"):
-            self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+            # an Embedding's own init (normal_) on the meta device imports torch._dynamo (a second or more): it is
+            # given an empty weight instead, as every value is set by init_weights
+            embedding = lambda: nn.Embedding(config.vocab_size, config.n_embd,
+                                             _weight=torch.empty(config.vocab_size, config.n_embd))
+            self.wte = embedding()
             self.blocks = nn.ModuleList(Block(config, i, w) for i, w in enumerate(config.windows()))
             self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
             # Value tables (|V| x d), one per table layer (table_layers(): BoV's E_v, bov_keep_v's, the gated
             # value embeddings) or one shared: sparse lookups, no matmul.
-            self.tables = nn.ModuleList(nn.Embedding(config.vocab_size, config.n_embd) for _ in range(config.n_tables()))
+            self.tables = nn.ModuleList(embedding() for _ in range(config.n_tables()))
         self.offload = None  # set by `offload_tables()`: the tables stay in host memory
         if str(device) != "meta":
             self.to_empty(device=device or "cpu")
             self.init_weights()
-        # RoPE tables (block_size, head_dim/2): derived, so not saved in checkpoints.
-        cos, sin = rope_tables(config.block_size, config.head_dim, device=self.wte.weight.device)
+        # RoPE tables (block_size, head_dim/2): derived, so not saved in checkpoints. On the meta device, their shapes
+        # alone (torch.arange there imports torch._dynamo, a second or more, for every plan of train.py)
+        if str(device) == "meta":
+            cos, sin = (torch.empty(config.block_size, config.head_dim // 2, dtype=torch.float32, device="meta") for _ in "cs")
+        else:
+            cos, sin = rope_tables(config.block_size, config.head_dim, device=self.wte.weight.device)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 

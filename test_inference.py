@@ -266,12 +266,13 @@ def test_auto_dtype_is_bfloat16_only_where_the_gpu_has_it_in_hardware(monkeypatc
     assert sample.resolve_dtype("float32", "cuda:0") == torch.float32 and sample.resolve_dtype("bfloat16", "cpu") == torch.bfloat16
 
 
-def test_missing_checkpoint_is_one_line_and_a_nonzero_exit(tmp_path):
-    p = subprocess.run([sys.executable, os.path.join(HERE, "sample.py"), "--ckpt", str(tmp_path / "nope.pt")],
-                       capture_output=True, text=True, cwd=HERE)
-    assert p.returncode != 0
-    assert p.stderr.strip().splitlines() == [f"sample.py: error: no checkpoint at {tmp_path / 'nope.pt'}; `python train.py` writes one"]
-    assert p.stdout == ""
+def test_missing_checkpoint_is_one_line_and_a_nonzero_exit(tmp_path, capsys):
+    """In-process: a SystemExit whose code is a string is what Python prints, as the one line on stderr, before it
+    exits 1 (sample.py's own command line: test_a_full_or_closed_stdout_is_one_line and others)."""
+    with pytest.raises(SystemExit) as e:
+        sample.main(["--ckpt", str(tmp_path / "nope.pt")])
+    assert e.value.code == f"sample.py: error: no checkpoint at {tmp_path / 'nope.pt'}; `python train.py` writes one"
+    assert capsys.readouterr() == ("", "")
 
 
 def test_ctrl_c_while_loading_is_one_line(tiny, monkeypatch, capsys):
@@ -738,15 +739,6 @@ def test_bench_plot_without_matplotlib_is_refused_before_the_run(tmp_path, monke
     assert not (tmp_path / "plots").exists()
 
 
-def test_a_notebooks_mplbackend_does_not_stop_the_plots():
-    """$MPLBACKEND as a Jupyter kernel exports it, outside the notebook: matplotlib's import refuses it; the PNGs are
-    Agg's anyway."""
-    env = dict(os.environ, MPLBACKEND="module://matplotlib_inline.backend_inline")
-    r = subprocess.run([sys.executable, "-c", "import bench; print(bench.pyplot().get_backend())"], cwd=HERE, env=env,
-                       capture_output=True, text=True, timeout=120)
-    assert (r.returncode, r.stdout.strip().lower()) == (0, "agg"), r.stderr
-
-
 def test_fig5a_draws_eq6_over_the_kv_cache_solid_and_over_the_v_cache_dashed(tmp_path, monkeypatch):
     """Solid: eq. 6 as a share of the K+V cache, 100 (n_bov / 2L)(1 - |V|/T), saturating at the paper's
     16.7 %; dashed: twice that, the share of the V cache (BoV's int32 id per token moves both by under 0.01
@@ -1166,9 +1158,14 @@ def test_a_plot_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
 
 
 def test_sigterm_while_a_png_is_written_leaves_no_temporary(tmp_path):
-    """bench.py's SIGTERM is a SystemExit(143): atomic_write removes its half-written file (killed outright, it stayed)."""
+    """$MPLBACKEND as a Jupyter kernel exports it, outside the notebook: matplotlib's import refuses it; the PNGs are
+    Agg's anyway. Then, in the same process (a second one would cost another torch import): bench.py's SIGTERM is a
+    SystemExit(143): atomic_write removes its half-written file (killed outright, it stayed)."""
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"type": "eval", "step": 1, "tokens": 10, "val_bpb": 2.5}) + "\n")
-    script = ("import matplotlib.figure, os, runpy, signal, sys, time\n"
+    env = dict(os.environ, MPLBACKEND="module://matplotlib_inline.backend_inline")
+    script = ("import bench\n"
+              "print(bench.pyplot().get_backend(), flush=True)\n"  # in a fresh process, matplotlib not yet imported
+              "import matplotlib.figure, os, runpy, signal, sys, time\n"
               "def savefig(fig, f, **kw):\n"
               "    f.write(b'half')\n"
               "    os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -1176,7 +1173,9 @@ def test_sigterm_while_a_png_is_written_leaves_no_temporary(tmp_path):
               "matplotlib.figure.Figure.savefig = savefig\n"
               f"sys.argv = ['bench.py', '--plot', '--plot_dir', {str(tmp_path / 'plots')!r}, {str(tmp_path / 'metrics.jsonl')!r}]\n"
               f"runpy.run_path({os.path.join(HERE, 'bench.py')!r}, run_name='__main__')\n")
-    r = finish(subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), 120)
+    r = finish(subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=HERE, env=env), 120)
+    assert r.stdout.lower().splitlines()[:1] == ["agg"], (r.stdout, r.stderr[-500:])  # a notebook's $MPLBACKEND
     assert r.returncode == 143 and os.listdir(tmp_path / "plots") == [], r.stderr[-500:]
 
 
@@ -1332,32 +1331,34 @@ def test_cpu_runs_keep_the_memory_a_step_frees(monkeypatch):
     every page in again (a fifth of a CPU train step at the cpu size); keep_freed_memory stops that, on the
     CPU only, and bench.py sets it (train.py: test_train's own test)."""
     assert sample.keep_freed_memory("meta") is False and sample.keep_freed_memory("cuda") is False
-    # in fresh processes, through malloc itself (torch's CPU tensors come from it): a 64 MiB block written and
-    # freed 8 times, with and without. glibc maps it anew each time (past its mmap threshold's 32 MiB cap), or,
-    # with mmap off alone, hands it back as soon as it is freed (trimming the heap's top)
+    # in a fresh process, through malloc itself (torch's CPU tensors come from it): a 64 MiB block written and
+    # freed 8 times, without (the control), then with. glibc maps it anew each time (past its mmap threshold's
+    # 32 MiB cap, which the control's frees leave as it was), or, with mmap off alone, hands it back as soon as it
+    # is freed (trimming the heap's top). One process for both: a second would cost another torch import.
     code = """if 1:
         import ctypes, resource, sys, sample
-        print(sample.keep_freed_memory("cpu") if sys.argv[1] == "keep" else None)
         libc = ctypes.CDLL(None)
         libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
         faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        counts = []
-        for _ in range(8):
-            before = faults()
-            block = libc.malloc(64 << 20)
-            ctypes.memset(block, 1, 64 << 20)
-            libc.free(block)
-            counts.append(faults() - before)
-        print(counts)"""
-    runs = {}
-    for mode in ("keep", "control"):
-        out = subprocess.run([sys.executable, "-c", code, mode], cwd=HERE, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
-        kept, counts = out.stdout.splitlines()
-        runs[mode] = (kept, json.loads(counts))
-    (kept, counts), (_, control) = runs["keep"], runs["control"]
+        def rounds():
+            counts = []
+            for _ in range(8):
+                before = faults()
+                block = libc.malloc(64 << 20)
+                ctypes.memset(block, 1, 64 << 20)
+                libc.free(block)
+                counts.append(faults() - before)
+            return counts
+        control = rounds()
+        print(sample.keep_freed_memory("cpu"))
+        print(rounds())
+        print(control)"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    kept, counts, control = out.stdout.splitlines()
+    counts, control = json.loads(counts), json.loads(control)
     assert kept == "True"
-    assert min(control[1:]) > 0 and sum(counts[1:]) < min(control[1:]), runs  # faulted in at every round, or once
+    assert min(control[1:]) > 0 and sum(counts[1:]) < min(control[1:]), out.stdout  # faulted in at every round, or once
     seen = []  # recorded, not set in this process
     monkeypatch.setattr(bench, "keep_freed_memory", seen.append)
     monkeypatch.setattr(bench, "measure", lambda *a, **k: {})  # the speed runs: not needed here

@@ -1336,9 +1336,13 @@ def test_the_preset_listing_is_a_table(monkeypatch):
 
 def test_the_scripts_start_without_importing_torch_dynamo():
     """torch._dynamo costs over a second to import: only a run that compiles should pay it (it came in
-    once through a @torch.compiler.disable decorator on the offload fetch, evaluated at import)."""
+    once through a @torch.compiler.disable decorator on the offload fetch, evaluated at import), nor should building
+    a model: a plan's GPT.meta, or sample.py's and eval.py's GPT (an Embedding's own init, or torch.arange, on the meta
+    device imported it)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    code = "import sys, model, sample, train, bench, eval; print('torch._dynamo' in sys.modules)"
+    code = ("import sys, model, sample, train, bench, eval; from model import GPT, GPTConfig\n"  # nor a plan, nor a model built
+            "GPT.meta(GPTConfig.preset('paper_135m', 'bov')); GPT(GPTConfig.preset('cpu', 'bov', n_layer=2, vocab_size=64))\n"
+            "print('torch._dynamo' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True, timeout=120)
     assert (r.returncode, r.stdout) == (0, "False\n"), r.stderr
 

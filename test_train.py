@@ -56,6 +56,15 @@ def start_train(args, **kw):
                             text=True, **kw)
 
 
+def cli_error_line(e):
+    """The line `python train.py` prints on stderr, as its only one, before it exits 1, for the error e that
+    train.main() raised in-process (__main__: error_line with the rank and `alike` main() recorded; None would
+    be a traceback). The scripts' own command-line handling of such an error is tested in processes of their own."""
+    line = train.error_line(e, train.RUN.get("rank", 0), train.RUN.get("alike"))
+    assert line and "\n" not in line, (line, e)
+    return line
+
+
 def records(out_dir, kind):
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         return [r for r in map(json.loads, f) if r["type"] == kind]
@@ -415,7 +424,9 @@ def test_a_resume_with_another_validation_slice_is_warned_of(data_dir, tmp_path,
 
 
 def test_resume_after_sigkill_is_bit_exact(data_dir, tmp_path, capsys):
-    args = [*TINY, f"--data_dir={data_dir}", "--max_iters=60", "--eval_interval=2"]
+    # 30 steps: the run to be killed reaches its first checkpoint (step 2) about a second before its end, and the
+    # kill takes milliseconds (60 steps doubled the work of the two runs here, for a margin not needed)
+    args = [*TINY, f"--data_dir={data_dir}", "--max_iters=30", "--eval_interval=2"]
     full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
     # The run to be killed starts first, and a thread kills it at its first checkpoint, while the uninterrupted
     # run trains here: its torch import and the run below overlap (the kill comes as soon as before).
@@ -435,10 +446,10 @@ def test_resume_after_sigkill_is_bit_exact(data_dir, tmp_path, capsys):
         train.main([*args, f"--out_dir={full}"])
     finally:
         killer.join()
-    logged = lambda out: dict(re.findall(r"^step (\d+)/60 \| loss ([\d.]+)", out, re.M))  # step -> smoothed loss
+    logged = lambda out: dict(re.findall(r"^step (\d+)/30 \| loss ([\d.]+)", out, re.M))  # step -> smoothed loss
     full_log = logged(capsys.readouterr().out)
     killed_at = torch.load(ckpt, weights_only=True)["step"]
-    assert killed_at < 60, "the run finished before it could be killed"
+    assert killed_at < 30, "the run finished before it could be killed"
     capsys.readouterr()
     train.main([*args, f"--out_dir={cut}", "--resume"])
     out = capsys.readouterr().out
@@ -447,7 +458,7 @@ def test_resume_after_sigkill_is_bit_exact(data_dir, tmp_path, capsys):
     assert cut_log and cut_log == {k: v for k, v in full_log.items() if int(k) > killed_at}
     a = torch.load(os.path.join(full, "ckpt.pt"), weights_only=True)
     b = torch.load(ckpt, weights_only=True)
-    assert a["step"] == b["step"] == 60
+    assert a["step"] == b["step"] == 30
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert records(full, "eval")[-1]["val_loss"] == records(cut, "eval")[-1]["val_loss"]
     assert [r["loss"] for r in records(full, "train")] == [r["loss"] for r in records(cut, "train")]
@@ -843,14 +854,10 @@ def test_bad_input_gives_one_clear_line(data_dir, tmp_path, capsys, monkeypatch)
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [f"error: {expected}"]
 
 
-def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path, monkeypatch):
+def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path, monkeypatch, capsys):
     base = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", "--max_iters=2"]
-    # The three command-line runs below start now, together, each with its own --out_dir: their torch imports
-    # (and the failing compile) overlap each other and the in-process checks; each is collected where it was run.
-    bundle_out = tmp_path / "bundle_first"
-    no_bundle = start_train([*base, f"--out_dir={bundle_out}", "--core_eval", f"--eval_bundle={tmp_path / 'nowhere'}"])
-    huge = start_train([*base, f"--out_dir={tmp_path / 'huge'}", "--device_batch_size=1099511627776",
-                        "--total_batch_tokens=35184372088832", "--max_iters=1"])
+    # The command-line run below starts now, with its own --out_dir: its torch import and the failing compile
+    # overlap the in-process checks; it is collected where it was run.
     no_compiler = {**os.environ, "CXX": "/nonexistent/g++", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # no cache hit
     compiled = start_train([*base, f"--out_dir={tmp_path / 'compiled'}", "--compile=true", "--n_layer=1"],  # one layer:
                            env=no_compiler)  # the same failure at the first compiled step, with less to trace first
@@ -903,11 +910,15 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path, monkeypat
     config.write_text("target_flops = 1e18\ncompile = False\n")
     s, _ = train.resolve_settings([str(config), "--max_iters=5"])
     assert (s["max_iters"], s["target_flops"], s["compile"]) == (5, 0.0, "false")
-    r = finish(no_bundle)  # the bundle before training
-    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
-        f"error: --eval_bundle: no folder {tmp_path / 'nowhere'}; expected an unzipped eval_bundle (eval_meta_data.csv and eval_data/)"]
-    assert "step 1/" not in r.stdout and not (bundle_out / "ckpt.pt").exists()
     from eval import EvalError
+    bundle_out = tmp_path / "bundle_first"  # the bundle before training: the one line `python train.py` prints
+    capsys.readouterr()
+    with pytest.raises(EvalError) as e:
+        train.main([*base, f"--out_dir={bundle_out}", "--core_eval", f"--eval_bundle={tmp_path / 'nowhere'}"])
+    assert cli_error_line(e.value) == (f"error: --eval_bundle: no folder {tmp_path / 'nowhere'}; expected an unzipped "
+                                       "eval_bundle (eval_meta_data.csv and eval_data/)")
+    out, err = capsys.readouterr()
+    assert err == "" and "step 1/" not in out and not (bundle_out / "ckpt.pt").exists()
     from test_eval import closed_port_url  # no bundle and no network: the hint names train.py's own setting
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("BOV_EVAL_BUNDLE_URL", closed_port_url())
@@ -920,10 +931,13 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path, monkeypat
         train.main([*base, "--core_eval", f"--eval_bundle={partial}"])
     assert not (tmp_path / "run" / "ckpt.pt").exists()
     # a batch no machine holds (2^40 rows: more than any address space, so no overcommit lets it through)
-    r = finish(huge)
-    assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert r.stderr.startswith("error: out of memory (") and "lower --device_batch_size" in r.stderr
-    assert "--total_batch_tokens (a step's rows are read at once)" in r.stderr
+    capsys.readouterr()
+    with pytest.raises(MemoryError) as e:
+        train.main([*base, f"--out_dir={tmp_path / 'huge'}", "--device_batch_size=1099511627776",
+                    "--total_batch_tokens=35184372088832", "--max_iters=1"])
+    line = cli_error_line(e.value)
+    assert line.startswith("error: out of memory (") and "lower --device_batch_size" in line
+    assert "--total_batch_tokens (a step's rows are read at once)" in line and capsys.readouterr().err == ""
     with pytest.raises(ValueError, match="Maximum allowed dimension exceeded") as e:  # past numpy's sizes: out of memory too
         train.main([*base, f"--out_dir={tmp_path / 'huge2'}", "--total_batch_tokens=1e30", "--max_iters=1"])
     assert train.out_of_memory(e.value)
@@ -935,10 +949,10 @@ def test_bad_numbers_and_config_values_are_refused(data_dir, tmp_path, monkeypat
     assert not train.out_of_memory(RuntimeError("shape mismatch"))
 
 
-def test_help_and_ctrl_c_are_not_tracebacks(data_dir, tmp_path):
-    # --help and both runs start together (their torch imports overlap); a thread per run sends its signal
-    # once the run logs step 3, as soon as it would alone: SIGTERM (kill, Slurm) to the first, Ctrl-C to the second
-    help_ = start_train(["--help"])
+def test_ctrl_c_and_sigterm_are_not_tracebacks(data_dir, tmp_path):
+    # (--help, once checked here too: test_the_scripts_leave_ignored_signals_ignored)
+    # both runs start together (their torch imports overlap); a thread per run sends its signal once the run
+    # logs step 3, as soon as it would alone: SIGTERM (kill, Slurm) to the first, Ctrl-C to the second
     runs = [start_train([*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / name}", "--max_iters=100000",
                          f"--eval_interval={interval}"]) for name, interval in (("run", 100000), ("run2", 2))]
 
@@ -954,10 +968,6 @@ def test_help_and_ctrl_c_are_not_tracebacks(data_dir, tmp_path):
     for t in threads:
         t.start()
     try:
-        r = finish(help_)
-        assert r.returncode == 0 and "--matrix_lr=0.02" in r.stdout and "Settings resolve in this order" in r.stdout
-        assert "\n  cpu: target_flops=1.15e+13, total_batch_tokens=4096," in r.stdout  # what the default size changes
-        assert "Variants (--variant): baseline, bov, t1_r01," in r.stdout
         for t in threads:
             t.join(timeout=120)
             assert not t.is_alive(), "a run never logged step 3"
@@ -1206,24 +1216,34 @@ for start in (signal.SIG_IGN, signal.SIG_DFL):
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, start)  # as the process would have started: ignored, or the default
         sys.argv = [script, "--help"]
+        print("===", script, flush=True)  # where its help begins on stdout
+        code = 0  # the exit status, as Python gives it: 0 for a script that returns, or exits with None
         try:
             runpy.run_path(script, run_name="__main__")
-        except SystemExit:
-            pass
-        print(script, *(kind(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM)), file=sys.stderr)
+        except SystemExit as e:
+            code = 0 if e.code is None else e.code
+        sys.stdout.flush()
+        print(script, *(kind(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM)), "exit", code, file=sys.stderr)
 """
 
 
 def test_the_scripts_leave_ignored_signals_ignored():
     """Each script, started with SIGINT and SIGTERM ignored (a background job of a non-interactive shell ignores
     SIGINT), leaves them ignored, as Python leaves SIGINT; started with the defaults, it handles SIGINT, and SIGTERM
-    where it has cleanup to do (train.py, bench.py, eval.py). Each script's --help, all in one process."""
+    where it has cleanup to do (train.py, bench.py, eval.py). Each script's --help, all in one process: each exits 0,
+    and train.py's help (to a pipe) says what each setting and size is."""
     scripts = ["train.py", "sample.py", "eval.py", "bench.py", "model.py", "prepare_data.py"]
     r = subprocess.run([sys.executable, "-c", SIGNALS_AT_EXIT, *scripts], cwd=HERE, capture_output=True, text=True,
                        timeout=120)
     term = lambda script: "handled" if script in ("train.py", "bench.py", "eval.py") else "default"
-    want = [f"{s} ignored ignored" for s in scripts] + [f"{s} handled {term(s)}" for s in scripts]
+    want = [f"{s} ignored ignored exit 0" for s in scripts] + [f"{s} handled {term(s)} exit 0" for s in scripts]
     assert r.returncode == 0 and r.stderr.splitlines() == want, r.stderr
+    helps = re.findall(r"^=== (\S+)\n(.*?)(?=^=== |\Z)", r.stdout, re.S | re.M)
+    assert [script for script, _ in helps] == scripts * 2
+    train_help = helps[len(scripts)][1]  # started with the default handlers, as from a shell
+    assert "--matrix_lr=0.02" in train_help and "Settings resolve in this order" in train_help
+    assert "\n  cpu: target_flops=1.15e+13, total_batch_tokens=4096," in train_help  # what the default size changes
+    assert "Variants (--variant): baseline, bov, t1_r01," in train_help
 
 
 def test_ctrl_c_while_torch_loads_is_one_line_and_exit_130(tmp_path):
@@ -1472,11 +1492,12 @@ def test_a_real_run_past_one_epoch_warns_and_logs_the_debiased_loss(data_dir, tm
     T4 (the logged loss not debiased: 0.1 x the loss at step 1)."""
     meta = load_meta(data_dir)
     epoch_tokens = train.Batches(load_tokens(data_dir, "train"), meta["bos_id"], 32, 3).rows_per_epoch() * 32
-    iters = epoch_tokens // 128 + 4  # just past one epoch (1.03) at TINY's 128 tokens a step: into epoch 2, short of 2 epochs
+    iters = epoch_tokens // 1024 + 1  # just past one epoch (1.01) at 1024 tokens a step: into epoch 2, short of 2 epochs
     out = str(tmp_path / "run")
-    train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", f"--max_iters={iters}", "--eval_interval=100000"])
+    train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", f"--max_iters={iters}", "--eval_interval=100000",
+                "--device_batch_size=32", "--total_batch_tokens=1024"])
     stdout = capsys.readouterr().out
-    assert f"WARNING: this run reads {iters * 128 / epoch_tokens:.2f} epochs of {data_dir}" in stdout
+    assert f"WARNING: this run reads {iters * 1024 / epoch_tokens:.2f} epochs of {data_dir}" in stdout
     assert re.search(rf"WARNING: step \d+ starts epoch 2 of {re.escape(data_dir)}", stdout)
     assert "starts epoch 1 of" not in stdout and "starts epoch 3 of" not in stdout
     logged = {int(k): float(v) for k, v in re.findall(r"^step (\d+)/\d+ \| loss ([\d.]+)", stdout, re.M)}
@@ -1875,10 +1896,14 @@ def test_the_dry_run_warns_only_past_one_epoch(data_dir, monkeypatch, capsys):
 def test_the_epoch_warning_names_the_step_that_crosses(data_dir, tmp_path, capsys):
     meta = load_meta(data_dir)
     rows = train.Batches(load_tokens(data_dir, "train"), meta["bos_id"], 32, 3).rows_per_epoch()
-    iters = rows // 4 + 2
+    # a batch of b rows that divides the epoch (as TINY's 4 does this corpus's 536 rows), so that step rows // b + 1
+    # starts epoch 2 at its first row; the smallest from 16, for a few steps an epoch rather than 134
+    b = next(b for b in range(16, rows + 1) if rows % b == 0)
+    iters = rows // b + 2
     train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", f"--max_iters={iters}",
-                "--eval_interval=100000", "--log_interval=100000"])
-    assert f"WARNING: step {rows // 4 + 1} starts epoch 2 of" in capsys.readouterr().out
+                f"--device_batch_size={b}", f"--total_batch_tokens={b * 32}", "--eval_interval=100000",
+                "--log_interval=100000"])
+    assert f"WARNING: step {rows // b + 1} starts epoch 2 of" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------------------- from a fourth mutation audit of train.py
@@ -2031,7 +2056,7 @@ def test_a_step_that_reads_one_row_of_the_next_epoch_is_warned_of(data_dir, tmp_
     reads the last rows of the first epoch and a single row of the second."""
     meta = load_meta(data_dir)
     rows = train.Batches(load_tokens(data_dir, "train"), meta["bos_id"], 32, 3).rows_per_epoch()
-    b = next(b for b in range(2, 12) if rows % b == b - 1)
+    b = next(b for b in range(2, rows + 2) if rows % b == b - 1 and rows // b < 20)  # a few steps an epoch, not 179
     train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", f"--max_iters={rows // b + 1}",
                 f"--device_batch_size={b}", f"--total_batch_tokens={b * 32}", "--eval_interval=100000",
                 "--log_interval=100000"])
