@@ -129,8 +129,9 @@ EPOCH_ADVICE = ("the paper's regime is a single epoch and BoV's tables memorise 
 # What main() cleans up and stopped_note() reports, whenever run() stops: "ckpt" and "eval_interval" (for the
 # Ctrl-C line; set by run() and plan()), "dry_run" (set by run(): a dry run writes nothing, stopped_note() says),
 # "out_lock" / "data_lock" (the folder locks that claim_out_dir() and lock_data() hold), "made" (the out_dir this
-# run created), "signal" (the stop signal that arrived, from stop_signal()), "rank" and "alike" (under torchrun, rank 0 alone prints a stop line, or an error that every
-# rank meets alike: on one machine, any but one GPU's; on several, a loss that is no longer finite).
+# run created), "signal" (the stop signal that arrived, from stop_signal()), "rank" and "alike" (under torchrun,
+# rank 0 alone prints a stop line, or an error that every rank meets alike: on one machine, any but one GPU's; on
+# several, a loss that is no longer finite).
 RUN = {"ckpt": None}
 
 
