@@ -389,15 +389,16 @@ def _open_shard(path, dtype, expected_tokens, bos_id):
 
 
 def _shard_lists_problem(state):
-    """None if both shard lists of a meta / progress state hold {"file": str, "tokens": int, "docs": int, ...} entries."""
+    """None if both shard lists of a meta / progress state hold {"file": str, "tokens": int, "docs": int,
+    "end_row": int} entries."""
     def well_formed(shard):
         return isinstance(shard, dict) and isinstance(shard.get("file"), str) and all(
-            isinstance(shard.get(k), int) for k in ("tokens", "docs"))
+            isinstance(shard.get(k), int) for k in ("tokens", "docs", "end_row"))
 
     for split in ("train", "val"):
         shards = state.get(split + "_shards")
         if not isinstance(shards, list) or not all(map(well_formed, shards)):
-            return f"lists a {split} shard without a file name and token and document counts"
+            return f"lists a {split} shard without a file name, token and document counts and end row"
     return None
 
 
@@ -1226,7 +1227,8 @@ def load_state(out_dir, config, force, readonly=False):
         raise DataError(f"{out_dir} was prepared in format {state.get('format')}, this code writes {FORMAT}; "
                         f"pass --force to rebuild it")
     if problem := _fields_problem(state, STATE_FIELDS | (META_FIELDS if name == "meta.json" else {})) or \
-            _shard_lists_problem(state) or (state["dtype"] not in ("uint16", "uint32") and f"has dtype {state['dtype']!r}"):
+            _shard_lists_problem(state) or (state["dtype"] not in ("uint16", "uint32") and f"has dtype {state['dtype']!r}") \
+            or (state["val_done"] and not isinstance(state.get("val_end_row"), int) and "has no val_end_row (or not a whole number)"):
         raise DataError(f"{path} {problem}; pass --force to rebuild {out_dir}")
     old = state["config"]
     if old != config:

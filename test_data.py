@@ -746,7 +746,7 @@ def test_force_deletes_nothing_when_the_new_source_is_bad(tmp_path):
     meta = json.loads((out / "meta.json").read_text())
     (out / "meta.json").write_text(json.dumps(dict(meta, train_shards=[5])))
     assert prep("--source", "files:" + pattern, "--vocab_size", 300, "--val_tokens", 500, "--out_dir", out) == (
-        f"prepare_data.py: error: {out / 'meta.json'} lists a train shard without a file name and token and document counts; "
+        f"prepare_data.py: error: {out / 'meta.json'} lists a train shard without a file name, token and document counts and end row; "
         f"pass --force to rebuild {out}")
     (out / "meta.json").write_text(json.dumps(meta))
     (out / "meta.json").write_text("[1]")  # valid JSON, not a state file
@@ -818,7 +818,7 @@ def test_more_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
         pd.load_meta(out)
     for key, value, expected in (("vocab_size", None, "has no vocab_size"), ("train_shards", [], "has no train_shards"),
                                  ("dtype", "float99", "has dtype 'float99'"),
-                                 ("train_shards", [5], "lists a train shard without a file name and token and document counts"),
+                                 ("train_shards", [5], "lists a train shard without a file name, token and document counts and end row"),
                                  ("val_shards", [{"file": "val_00000.bin"}], "lists a val shard without a file name")):
         edited = dict(meta, **{key: value})
         (out / "meta.json").write_text(json.dumps(edited))
@@ -1097,7 +1097,7 @@ def test_a_damaged_folder_is_refused_in_one_line(corpus, tmp_path):
     meta_json = out / "meta.json"
     for edit, call, message in (
             (dict(train_shards=meta["train_shards"] + [5]), lambda: pd.load_tokens(out, "train"),
-             f"{meta_json} lists a train shard without a file name and token and document counts; re-run prepare_data.py with --force"),
+             f"{meta_json} lists a train shard without a file name, token and document counts and end row; re-run prepare_data.py with --force"),
             (dict(format=2), lambda: pd.load_tokens(out, "train"),
              f"{meta_json} has format 2, this code reads 1; re-run prepare_data.py with --force"),
             (dict(vocab_size=513), lambda: pd.load_tokenizer(out),
@@ -1405,9 +1405,9 @@ def test_more_damaged_state_files_are_refused_in_one_line(corpus, tmp_path):
             return str(e)
     for edit, call, message in (
             (dict(train_shards=meta["train_shards"] + [{"tokens": 5}]), lambda: pd.load_tokens(out, "train"),
-             f"{meta_json} lists a train shard without a file name and token and document counts; re-run prepare_data.py with --force"),
-            (dict(val_shards={}), rerun, f"prepare_data.py: error: {meta_json} lists a val shard without a file name and "
-                                         f"token and document counts; pass --force to rebuild {out}"),
+             f"{meta_json} lists a train shard without a file name, token and document counts and end row; re-run prepare_data.py with --force"),
+            (dict(val_shards={}), rerun, f"prepare_data.py: error: {meta_json} lists a val shard without a file name, "
+                                         f"token and document counts and end row; pass --force to rebuild {out}"),
             (dict(config=None), rerun, f"prepare_data.py: error: {meta_json} has no config (or not a dict); pass "
                                        f"--force to rebuild {out}"),
             # fields a rerun or the loading API reads, gone or of another type (an edited file, an older version's):
@@ -1421,6 +1421,11 @@ def test_more_damaged_state_files_are_refused_in_one_line(corpus, tmp_path):
              f"{meta_json} has no train_tokens (or not a whole number); re-run prepare_data.py with --force"),
             ({"val_docs": None}, rerun, f"prepare_data.py: error: {meta_json} has no val_docs (or not a whole number); "
                                         f"pass --force to rebuild {out}"),
+            ({"val_end_row": None}, rerun, f"prepare_data.py: error: {meta_json} has no val_end_row (or not a whole number); "
+                                           f"pass --force to rebuild {out}"),
+            (dict(train_shards=[{k: v for k, v in s.items() if k != "end_row"} for s in meta["train_shards"]]), rerun,
+             f"prepare_data.py: error: {meta_json} lists a train shard without a file name, token and document counts and "
+             f"end row; pass --force to rebuild {out}"),
             # an argument this version records and the folder's did not: named, not a StopIteration
             (dict(config={k: v for k, v in meta["config"].items() if k != "hf_split"}), rerun,
              f"prepare_data.py: error: {out} holds data prepared with other arguments (hf_split: not recorded, now None); "

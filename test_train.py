@@ -400,7 +400,7 @@ def test_core_eval_runs_in_the_training_dtype(data_dir, tmp_path, monkeypatch):
     assert seen == [torch.bfloat16, torch.float32]  # auto: float32 on a CPU
 
 
-def test_a_resume_with_another_validation_slice_is_warned_of(data_dir, tmp_path, capsys):
+def test_a_resume_with_another_validation_slice_is_warned_of(data_dir, tmp_path, capsys, monkeypatch):
     args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", "--max_iters=3"]
     train.main([*args, "--eval_interval=2"])  # a checkpoint at step 2, and the last at step 3
     train.main([*args, "--resume", "--eval_tokens=1024"])  # finished: no val loss follows
@@ -421,6 +421,16 @@ def test_a_resume_with_another_validation_slice_is_warned_of(data_dir, tmp_path,
             f"the one this run ends with: run eval.py again after it") in out
     train.main([*args, "--resume"])  # finished: nothing replaces the checkpoint, no note
     assert "note: core_eval" not in capsys.readouterr().out
+    # with --core_eval the run rewrites core_eval.json for its last checkpoint: only eval.py's partial scores are stale
+    from test_eval import fixture_items, write_bundle
+    bundle = write_bundle(tmp_path / "b", {label: fixture_items(label, 2) for label in ev.TASKS})
+    monkeypatch.setattr(ev, "evaluate_core", lambda *a, **k: {"core": 0.0, "tasks": {}, "max_per_task": None, "bundle": bundle})
+    (tmp_path / "run" / "core_eval.json").write_text("{}")
+    torch.save(saved, tmp_path / "run" / "ckpt.pt")
+    train.main([*args, "--resume", "--core_eval", f"--eval_bundle={bundle}"])
+    assert (f"note: core_eval_partial.json in {tmp_path / 'run'} scores the checkpoint of step 2 or an earlier one"
+            in capsys.readouterr().out)
+    assert json.loads((tmp_path / "run" / "core_eval.json").read_text())["step"] == 3
 
 
 def test_resume_after_sigkill_is_bit_exact(data_dir, tmp_path, capsys):

@@ -913,7 +913,8 @@ def restore(ckpt, ckpt_path, s, model, optimizers, loader, iters, log):
     if ckpt["train_config"].get("eval_tokens") != s["eval_tokens"] and step < iters:  # allowed; the yardstick may change
         log(f"WARNING: eval_tokens was {ckpt['train_config'].get('eval_tokens')} there and is {s['eval_tokens']} here: "
             f"val losses after step {step} may be measured on another slice than those before")
-    scores = [n for n in ("core_eval.json", "core_eval_partial.json") if os.path.exists(os.path.join(s["out_dir"], n))]
+    scores = [n for n in ("core_eval.json", "core_eval_partial.json") if os.path.exists(os.path.join(s["out_dir"], n))
+              and not (s["core_eval"] and n == "core_eval.json")]  # --core_eval: rewritten for the final checkpoint
     if scores and step < iters:  # eval.py's results of a checkpoint that this run goes on to replace
         log(f"note: {' and '.join(scores)} in {s['out_dir']} score{'s' * (len(scores) == 1)} the checkpoint of step {step} "
             f"or an earlier one, not the one this run ends with: run eval.py again after it")
