@@ -280,7 +280,10 @@ def norm(x):
 
 
 def rope_tables(seq_len, head_dim, base=100_000, device=None):
-    """cos, sin of shape (seq_len, head_dim/2) for rotary position embeddings."""
+    """cos, sin of shape (seq_len, head_dim/2) for rotary position embeddings. On the meta device their shapes
+    alone: torch.arange there imports torch._dynamo (a second or more, for every plan of train.py)."""
+    if torch.device(device or "cpu").type == "meta":
+        return (torch.empty(seq_len, head_dim // 2, device="meta") for _ in "cs")
     inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32, device=device), inv_freq)
     return angles.cos(), angles.sin()
@@ -649,12 +652,8 @@ class GPT(nn.Module):
         if str(device) != "meta":
             self.to_empty(device=device or "cpu")
             self.init_weights()
-        # RoPE tables (block_size, head_dim/2): derived, so not saved in checkpoints. On the meta device, their shapes
-        # alone (torch.arange there imports torch._dynamo, a second or more, for every plan of train.py)
-        if str(device) == "meta":
-            cos, sin = (torch.empty(config.block_size, config.head_dim // 2, dtype=torch.float32, device="meta") for _ in "cs")
-        else:
-            cos, sin = rope_tables(config.block_size, config.head_dim, device=self.wte.weight.device)
+        # RoPE tables (block_size, head_dim/2): derived, so not saved in checkpoints.
+        cos, sin = rope_tables(config.block_size, config.head_dim, device=self.wte.weight.device)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 

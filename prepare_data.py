@@ -405,11 +405,16 @@ def _shard_lists_problem(state):
 KINDS = {bool: "true or false", int: "a whole number", str: "a string", dict: "a dict"}
 
 
-def _fields_problem(state, fields):
-    """None if the dict state has each of fields ({name: type}) as a value of that type, else which one it lacks."""
+def _state_problem(state, fields):
+    """None if the dict state (meta.json's or a progress.json's) has each of fields ({name: type}) as a value of
+    that type, well-formed shard lists and a shard dtype; else what is wrong, to follow the file's path."""
     for key, kind in fields.items():
         if not isinstance(state.get(key), kind) or (kind is int and isinstance(state[key], bool)):
             return f"has no {key} (or not {KINDS[kind]})"
+    if problem := _shard_lists_problem(state):
+        return problem
+    if state["dtype"] not in ("uint16", "uint32"):
+        return f"has dtype {state['dtype']!r}, not uint16 or uint32"
     return None
 
 
@@ -463,10 +468,8 @@ def load_meta(data_dir):
     for key in ("train_shards", "val_shards"):
         if not isinstance(meta.get(key), list) or meta[key] == []:
             raise DataError(f"{path} has no {key} (or not a non-empty list); re-run prepare_data.py with --force")
-    if problem := _fields_problem(meta, META_FIELDS) or _shard_lists_problem(meta):
+    if problem := _state_problem(meta, META_FIELDS):
         raise DataError(f"{path} {problem}; re-run prepare_data.py with --force")
-    if meta["dtype"] not in ("uint16", "uint32"):
-        raise DataError(f"{path} has dtype {meta['dtype']!r}, not uint16 or uint32; re-run prepare_data.py with --force")
     return meta
 
 
@@ -1226,9 +1229,10 @@ def load_state(out_dir, config, force, readonly=False):
     if state.get("format") != FORMAT:
         raise DataError(f"{out_dir} was prepared in format {state.get('format')}, this code writes {FORMAT}; "
                         f"pass --force to rebuild it")
-    if problem := _fields_problem(state, STATE_FIELDS | (META_FIELDS if name == "meta.json" else {})) or \
-            _shard_lists_problem(state) or (state["dtype"] not in ("uint16", "uint32") and f"has dtype {state['dtype']!r}") \
-            or (state["val_done"] and not isinstance(state.get("val_end_row"), int) and "has no val_end_row (or not a whole number)"):
+    problem = _state_problem(state, STATE_FIELDS | (META_FIELDS if name == "meta.json" else {}))
+    if not problem and state["val_done"] and not isinstance(state.get("val_end_row"), int):  # where train rows start
+        problem = "has no val_end_row (or not a whole number)"
+    if problem:
         raise DataError(f"{path} {problem}; pass --force to rebuild {out_dir}")
     old = state["config"]
     if old != config:

@@ -1416,7 +1416,7 @@ def test_more_damaged_state_files_are_refused_in_one_line(corpus, tmp_path):
                                         f"pass --force to rebuild {out}"),
             ({"bos_id": None}, rerun, f"prepare_data.py: error: {meta_json} has no bos_id (or not a whole number); "
                                       f"pass --force to rebuild {out}"),
-            ({"dtype": "int8"}, rerun, f"prepare_data.py: error: {meta_json} has dtype 'int8'; pass --force to rebuild {out}"),
+            ({"dtype": "int8"}, rerun, f"prepare_data.py: error: {meta_json} has dtype 'int8', not uint16 or uint32; pass --force to rebuild {out}"),
             ({"train_tokens": "x"}, lambda: pd.load_meta(out),
              f"{meta_json} has no train_tokens (or not a whole number); re-run prepare_data.py with --force"),
             ({"val_docs": None}, rerun, f"prepare_data.py: error: {meta_json} has no val_docs (or not a whole number); "
