@@ -466,7 +466,8 @@ def fig5a(path):
 
     which saturates at 1/6, the 16.7 % that the paper's plotted curves approach. Dashed, as a share of the
     V cache alone (the caption's words, "fraction of V cache memory saved"): twice that, up to 1/3. Neither
-    depends on L or d once BoV takes the last third of the layers, but for the ids' share, 4 / (2 L d s) with s bytes a value."""
+    depends on L or d once BoV takes the last third of the layers, but for the ids' share, 4 / (2 L d s) with s
+    bytes a value."""
     plt = pyplot()
     contexts = [int(2 ** (14 + k / 8)) for k in range(6 * 8 + 1)]  # 16K .. 1M
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -1194,7 +1194,8 @@ def usage():
     return (f"{__doc__.strip()}\n\nTraining settings and their defaults:\n{keys}\n"
             f"\nWhat each --size sets instead (the default size is {size!r}):\n{sizes}\n"
             f"\nVariants (--variant): {', '.join(VARIANTS)}"
-            f"\nModel settings (GPTConfig fields; default: the size's shape, the variant's value fields, the data's vocab_size): {', '.join(MODEL_KEYS)}")
+            f"\nModel settings (GPTConfig fields; default: the size's shape, the variant's value fields, the data's "
+            f"vocab_size): {', '.join(MODEL_KEYS)}")
 
 
 if __name__ == "__main__":
