@@ -211,7 +211,7 @@ def test_gpu_rng_states_of_a_run_with_more_gpus_restore_on_fewer(monkeypatch):
 def test_the_papers_data_holds_every_run_in_one_epoch():
     """prepare_data.py --source=climbmix's default train tokens hold every 135M run of the README with 5% to
     spare (the paper's regime is one epoch), and the README's --train_tokens for the 780M runs its 780M runs
-    (Table 2's five rows) likewise. A run reads at most steps x batch tokens of data: the loader's padding only
+    (Table 2's five rows and Tables 3 and 5's gated value embeddings) likewise. A run reads at most steps x batch tokens of data: the loader's padding only
     lowers what a row takes."""
     from model import VARIANTS
     from prepare_data import resolve_config
@@ -226,7 +226,7 @@ def test_the_papers_data_holds_every_run_in_one_epoch():
     variants = set(re.findall(r"config/paper_780m.py --variant=(\w+)", readme))
     for loop in re.findall(r"for v in ([\w ]+); do[^\n]*\n[^\n]*config/paper_780m.py --variant=\$v", readme):
         variants |= set(loop.split())
-    assert variants == {"baseline", "bov", "t1_r09", "t1_r06", "t1_r03"}  # Table 2's rows
+    assert variants == {"baseline", "bov", "t1_r09", "t1_r06", "t1_r03", "value_embed_gated"}  # Tables 2, 3 and 5
     s, _ = train.resolve_settings(["--size=paper_780m"])
     most = max(train.plan_iterations(s, GPT.meta(GPTConfig.preset("paper_780m", v)).estimate_flops()) * 2**20
                for v in variants)
