@@ -103,6 +103,16 @@ def test_text_is_streamed_while_tokens_are_sampled(tiny, monkeypatch, capsys):
     assert re.search(r"prefill \d+ tokens at [\d,.]+ tok/s; decode 23 tokens at [\d,.]+ tok/s", err)
 
 
+def test_the_header_counts_the_cache_in_the_runs_dtype(tiny, capsys):
+    """Mutant s02 (the header's bytes/token at kv_cache_bytes' bf16 default: a float32 run, the CPU's, showed half).
+    The tiny bov model: 6 layers of d 48, V-free 4 and 5: (2 x 6 - 2) x 48 x itemsize + a 4-byte id per token."""
+    path, _, model = tiny
+    assert model.config.v_free_layers() == (4, 5) and model.config.n_embd == 48
+    for dtype, itemsize in (("float32", 4), ("bfloat16", 2)):
+        err = run_sample(capsys, "--ckpt", path, "--max_new_tokens", "1", "--temperature", "0", "--dtype", dtype).err
+        assert f"layers without a V cache: 4, 5; KV cache {10 * 48 * itemsize + 4:,} bytes/token; torch.{dtype} on cpu" in err
+
+
 class Written(list):
     """A stand-in for stdout that keeps what is written to it."""
 
@@ -1270,6 +1280,18 @@ def test_cache_allocated_flags_a_mismatch_and_keeps_the_presets_block_size(bench
     cache = lines[next(i for i, l in enumerate(lines) if l.startswith("Decode cache allocated")) + 1:][:2]
     assert "bytes == analytic" in cache[0] and cache[0].split()[0] == "baseline"
     assert "bytes != analytic" in cache[1] and cache[1].split()[0] == "bov"
+
+
+def test_cache_allocated_expects_ids_only_where_the_cache_keeps_them():
+    """Mutant b03 (bench's own formula adds the 4 id bytes for any model with tables: a false "expected" for
+    bov_keep_v and value_embed_gated, whose tables are added to a V that the cache keeps, and no ids). Per position,
+    6 layers of d 48 in float32: K and V in all 6 (2,304 bytes), or in 6 and 4 (1,920) with layers 4, 5 V-free."""
+    base = bench.Bench("cpu", "baseline", bench.parse_overrides(TINY), 16, 1, "cpu", torch.float32)
+    for b, per_token in (("bov_keep_v", 2304), ("value_embed_gated", 2304), ("t1_r06", 1920), ("bov", 1924)):
+        c = bench.cache_allocated([base, bench.Bench("cpu", b, bench.parse_overrides(TINY), 16, 1, "cpu", torch.float32)], 16)
+        assert c["a"]["per_token"] == c["a"]["per_token_expected"] == 2304, b
+        assert c["b"]["per_token"] == c["b"]["per_token_expected"] == per_token, b
+        assert c["ratio_per_token"] == c["ratio_expected"] and c["exact"], b
 
 
 def test_measured_flops_off_the_estimate_are_flagged(bench_json):

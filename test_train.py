@@ -1,5 +1,6 @@
 """Tests of train.py: budget arithmetic, the loader, bits per byte, exact resume, DDP, bad input."""
 
+import copy
 import hashlib
 import io
 import random
@@ -1605,20 +1606,30 @@ def test_accumulated_gradients_are_the_mean_over_micro_batches(data_dir, tmp_pat
     one batch of the same 8 rows, with a padded row in the first micro-batch: the loss is the mean over the step's
     target tokens (a mean of the micro-batches' means weighed a token of the padded one, about 98 targets, 1.3
     times one of the other's 128). T44 (the console's smoothed loss fed loss x accum): the logged loss of step 1 is
-    the recorded one, with accumulation too."""
-    next_rows = train.Batches.next_rows
+    the recorded one, with accumulation too. Mutant t03 (targets counted as `> 0`: a target of id 0, "!" in GPT-2's
+    vocabulary, left out of the count, and the step's loss and gradient scaled up): the recorded loss is the initial
+    model's own mean loss over the step's targets, four of them id 0."""
+    next_rows, configure, steps, initial = train.Batches.next_rows, GPT.configure_optimizers, [], []
 
     def padded(self, n):
         rows = next_rows(self, n)
         rows[0, 3:] = -1  # 2 targets left in the step's first row, as the tail of a cut document can leave
+        rows[1, 5:9] = 0  # four targets of id 0
+        steps.append(rows.copy())
         return rows
     monkeypatch.setattr(train.Batches, "next_rows", padded)
     for bs in (4, 8):  # accumulation 2, then 1
-        monkeypatch.setattr(GPT, "configure_optimizers", first_gradient_spy(tmp_path / f"g{bs}"))
+        monkeypatch.setattr(GPT, "configure_optimizers", configure)  # the spy wraps the real one, not the last spy
+        spy = first_gradient_spy(tmp_path / f"g{bs}")
+        monkeypatch.setattr(GPT, "configure_optimizers", lambda self, *a, **k: initial.append(copy.deepcopy(self)) or spy(self, *a, **k))
         train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / str(bs)}", "--max_iters=1",
                     "--total_batch_tokens=256", f"--device_batch_size={bs}"])
         logged = float(re.search(r"^step 1/1 \| loss ([\d.]+)", capsys.readouterr().out, re.M).group(1))
-        assert logged == pytest.approx(records(str(tmp_path / str(bs)), "train")[0]["loss"], abs=1e-4)
+        recorded = records(str(tmp_path / str(bs)), "train")[0]["loss"]
+        assert logged == pytest.approx(recorded, abs=1e-4)
+        with torch.no_grad():
+            own = initial[-1](*train.to_batch(steps[-1], load_meta(data_dir)["bos_id"], torch.device("cpu")))[1]
+        assert recorded == pytest.approx(own.item(), rel=1e-5)
     g2, g1 = torch.load(tmp_path / "g4.0"), torch.load(tmp_path / "g8.0")
     assert ((g2 - g1).norm() / g1.norm()).item() < 1e-5  # the same sum in another order (a mean of means: 3.5e-3)
 
@@ -1672,6 +1683,10 @@ def test_val_rows_stop_at_the_end_of_a_short_split():
     which is a token short, and np.stack fails)."""
     rows = train.val_rows([np.arange(96)], 8, 10 ** 6)  # eval_tokens beyond the split
     assert rows.shape == (11, 9) and rows[-1, -1] == 88
+    # t07 (`len(data) // T - 1`: right only at a whole number of rows; a split of 97 lost its last row, one of 9 was refused)
+    rows = train.val_rows([np.arange(97)], 8, 10 ** 6)
+    assert rows.shape == (12, 9) and rows[-1, -1] == 96
+    assert train.val_rows([np.arange(9)], 8, 10 ** 6).tolist() == [list(range(9))]
 
 
 def test_evaluate_reads_only_its_ranks_rows(monkeypatch):
