@@ -1084,8 +1084,10 @@ def no_checkpoint(path):
     command = "`python train.py`"
     if len(parts) >= 2 and parts[-2] == "out":  # train.py's default --out_dir
         size = next((s for s in SIZES if parts[-1].startswith(s + "_") and parts[-1][len(s) + 1:] in VARIANTS), None)
-        if size:
-            command = f"`python train.py --size={size} --variant={parts[-1][len(size) + 1:]}`"
+        if size:  # a size with a preset file (the paper's) trains from it: --size alone keeps the cpu run's data and budget
+            preset = f"config/{size}.py"
+            how = preset if os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), preset)) else f"--size={size}"
+            command = f"`python train.py {how} --variant={parts[-1][len(size) + 1:]}`"
     if os.path.isdir(path) and not os.access(path, os.R_OK | os.X_OK):  # its files cannot be seen, nor searched
         return f"cannot read the folder {path}: permission denied"
     folder = os.path.dirname(path) or "."

@@ -1290,12 +1290,14 @@ def test_a_checkpoint_keeps_its_layer_list_and_never_unpickles_objects(tmp_path)
 
 def test_a_missing_checkpoint_names_a_train_py_command_only_for_its_own_out_dirs(tmp_path):
     """out/SIZE_VARIANT/ckpt.pt names the command that writes it; any other path, or an unknown size or
-    variant, names plain `python train.py` (a command that would write elsewhere, or be refused, helps no one)."""
+    variant, names plain `python train.py` (a command that would write elsewhere, or be refused, helps no one).
+    A paper size's run is named with its preset file, as the README trains it (`--size=paper_135m` alone kept the
+    cpu run's Shakespeare data: 1,750 epochs of it, from a README walkthrough)."""
     from model import no_checkpoint
-    for run, size, variant in (("cpu_bov", "cpu", "bov"), ("paper_135m_t1_r01", "paper_135m", "t1_r01"),
-                               ("cpu_baseline", "cpu", "baseline")):
+    for run, how, variant in (("cpu_bov", "--size=cpu", "bov"), ("paper_135m_t1_r01", "config/paper_135m.py", "t1_r01"),
+                              ("paper_780m_bov", "config/paper_780m.py", "bov"), ("cpu_baseline", "--size=cpu", "baseline")):
         for path in (tmp_path / "out" / run / "ckpt.pt", tmp_path / "out" / run):  # the folder names the same run
-            assert no_checkpoint(str(path)) == f"no checkpoint at {path}; `python train.py --size={size} --variant={variant}` writes one"
+            assert no_checkpoint(str(path)) == f"no checkpoint at {path}; `python train.py {how} --variant={variant}` writes one"
     run = tmp_path / "made" / "out" / "cpu_baseline"
     run.mkdir(parents=True)  # a run before its first checkpoint, or one killed then
     assert no_checkpoint(str(run)) == (f"{run} is a folder with no checkpoint (ckpt.pt) in or below it; "
