@@ -1419,6 +1419,9 @@ def test_more_damaged_state_files_are_refused_in_one_line(corpus, tmp_path):
             ({"dtype": "int8"}, rerun, f"prepare_data.py: error: {meta_json} has dtype 'int8', not uint16 or uint32; pass --force to rebuild {out}"),
             ({"train_tokens": "x"}, lambda: pd.load_meta(out),
              f"{meta_json} has no train_tokens (or not a whole number); re-run prepare_data.py with --force"),
+            # JSON's true is a Python bool, which is an int: bos_id true read as token 1 (mutant P23: bools let through)
+            ({"bos_id": True}, lambda: pd.load_meta(out),
+             f"{meta_json} has no bos_id (or not a whole number); re-run prepare_data.py with --force"),
             ({"val_docs": None}, rerun, f"prepare_data.py: error: {meta_json} has no val_docs (or not a whole number); "
                                         f"pass --force to rebuild {out}"),
             ({"val_end_row": None}, rerun, f"prepare_data.py: error: {meta_json} has no val_end_row (or not a whole number); "

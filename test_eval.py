@@ -544,6 +544,44 @@ def test_download_once_into_the_cache(tmp_path, monkeypatch, capsys):
         server.shutdown()
 
 
+def test_a_flat_zip_is_unpacked_and_a_failed_move_into_the_cache_is_an_error_unless_a_bundle_is_there(tmp_path, monkeypatch):
+    """A zip with the bundle's files at its root (a mirror zipped from inside the folder) is taken as nanochat's
+    eval_bundle/ is (mutant E25: only eval_bundle/ looked for). The last step renames the unpacked bundle into the
+    cache: if that fails with no bundle there, one EvalError naming the cache (mutant E24: swallowed); if another
+    download has just put a whole bundle there, that one is used (mutant E24b: an error in both cases)."""
+    src = write_bundle(tmp_path / "src", {"copa": fixture_items("copa", 5)})
+    (tmp_path / "www").mkdir()
+    with zipfile.ZipFile(tmp_path / "www" / "flat.zip", "w") as z:
+        for root, _, files in os.walk(src):
+            for f in files:
+                z.write(os.path.join(root, f), os.path.relpath(os.path.join(root, f), src))
+    server, url, _ = serve(tmp_path / "www")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("BOV_EVAL_BUNDLE_URL", f"{url}/flat.zip")
+    cache, dest = tmp_path / "cache" / "bov", str(tmp_path / "cache" / "bov" / "eval_bundle")
+    rename = os.rename
+    try:
+        def refused(a, b):
+            raise PermissionError(13, "Permission denied", b)
+        monkeypatch.setattr(os, "rename", refused)
+        with pytest.raises(ev.EvalError, match=f"^could not move the bundle to {re.escape(dest)}: "):
+            ev.get_bundle()
+        assert os.listdir(cache) == []  # nothing half-made is left
+
+        def raced(a, b):  # another download's rename lands first: ours finds the folder there, not empty
+            shutil.copytree(src, b)
+            raise OSError(39, "Directory not empty", b)
+        monkeypatch.setattr(os, "rename", raced)
+        assert ev.get_bundle() == dest and os.listdir(cache) == ["eval_bundle"]
+        shutil.rmtree(dest)
+        monkeypatch.setattr(os, "rename", rename)
+        assert ev.get_bundle() == dest and os.listdir(cache) == ["eval_bundle"]
+        assert sorted(os.listdir(dest)) == ["eval_data", "eval_meta_data.csv"]
+    finally:
+        monkeypatch.setattr(os, "rename", rename)
+        server.shutdown()
+
+
 def test_a_bundle_behind_a_proxy_is_reachable_through_the_proxy(tmp_path, monkeypatch):
     """urlopen goes through $https_proxy; the reachability check must ask the proxy, not the (unresolvable) host,
     and name the proxy when it is the one that is down."""

@@ -510,6 +510,9 @@ def test_two_gloo_ranks_match_one_process(data_dir, tmp_path, capsys, monkeypatc
         pytest.fail("torchrun with 2 gloo ranks did not finish in 120 s")
     assert proc.returncode == 0, stderr[-2000:]
     assert "4 x 32 tokens x 2 accumulation x 2 ranks" in stdout
+    # tok/s is the step's 512 tokens over all ranks per second, not that x the ranks (mutant T16: x world, and the MFU with it)
+    steps = [(int(ms), int(rate.replace(",", ""))) for ms, rate in re.findall(r"^step \d+/6 .*\| dt (\d+) ms \| tok/s ([\d,]+)", stdout, re.M)]
+    assert len(steps) == 6 and all(rate == pytest.approx(512 / (ms / 1000), rel=0.15) for ms, rate in steps if ms >= 5), steps
     g1, g2 = torch.load(tmp_path / "g_one.0"), [torch.load(tmp_path / f"g_two.{rank}") for rank in (0, 1)]
     assert torch.equal(g2[0], g2[1]) and ((g2[0] - g1).norm() / g1.norm()).item() < 1e-5  # the same token mean
     l1, l2 = [r["loss"] for r in records(one, "train")], [r["loss"] for r in records(two, "train")]
@@ -1346,7 +1349,8 @@ def test_torchrun_environment_is_checked(monkeypatch):
     for k, v in full.items():
         monkeypatch.setenv(k, v)
     assert train.ranks() == (True, 1, 1, 2)
-    for bad in (dict(RANK="abc"), dict(WORLD_SIZE="0"), dict(LOCAL_RANK="2"), dict(MASTER_ADDR="")):
+    # LOCAL_RANK above RANK (mutant T15: checked only against WORLD_SIZE): torchrun's rank is node x nproc + local rank
+    for bad in (dict(RANK="abc"), dict(WORLD_SIZE="0"), dict(LOCAL_RANK="2"), dict(RANK="0"), dict(MASTER_ADDR="")):
         monkeypatch.setattr(os, "environ", {**full, **bad})
         with pytest.raises(train.ConfigError, match="^RANK is set, but torchrun's environment is incomplete or invalid "
                                                     r"\(RANK=.*; start with torchrun, or unset RANK for one process$"):
@@ -1387,6 +1391,13 @@ def test_device_cuda_without_an_index_selects_gpu_0(monkeypatch):
                                                 r"is not usable here: CUDA error: invalid device ordinal$"):
         train.setup_device({"device": "auto"})
     assert train.RUN["alike"] is False  # this rank's own: it reports it, named (the ranks before it have GPUs)
+    # rank 9 of 16 is local rank 1 on the second machine: cuda:1, not cuda:9 (mutant T24: RANK taken for the GPU index)
+    seen.clear()
+    for k, v in dict(RANK="9", LOCAL_RANK="1", WORLD_SIZE="16", MASTER_ADDR="10.0.0.1").items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(train.ConfigError, match=r"^--device cuda:1 is not usable here"):  # the CPU build's refusal, after the choice
+        train.setup_device({"device": "cuda"})
+    assert seen == ["cuda:1"]
 
 
 def test_auto_finds_no_gpu_for_a_paper_size_and_says_why(monkeypatch):
