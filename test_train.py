@@ -212,8 +212,8 @@ def test_gpu_rng_states_of_a_run_with_more_gpus_restore_on_fewer(monkeypatch):
 def test_the_papers_data_holds_every_run_in_one_epoch():
     """prepare_data.py --source=climbmix's default train tokens hold every 135M run of the README with 5% to
     spare (the paper's regime is one epoch), and the README's --train_tokens for the 780M runs its 780M runs
-    (Table 2's five rows and Tables 3 and 5's gated value embeddings) likewise. A run reads at most steps x batch tokens of data: the loader's padding only
-    lowers what a row takes."""
+    (Table 2's five rows and Tables 3 and 5's gated value embeddings) likewise. A run reads at most steps x batch
+    tokens of data: the loader's padding only lowers what a row takes."""
     from model import VARIANTS
     from prepare_data import resolve_config
     import prepare_data
@@ -511,7 +511,8 @@ def test_two_gloo_ranks_match_one_process(data_dir, tmp_path, capsys, monkeypatc
     assert proc.returncode == 0, stderr[-2000:]
     assert "4 x 32 tokens x 2 accumulation x 2 ranks" in stdout
     # tok/s is the step's 512 tokens over all ranks per second, not that x the ranks (mutant T16: x world, and the MFU with it)
-    steps = [(int(ms), int(rate.replace(",", ""))) for ms, rate in re.findall(r"^step \d+/6 .*\| dt (\d+) ms \| tok/s ([\d,]+)", stdout, re.M)]
+    steps = [(int(ms), int(rate.replace(",", "")))
+             for ms, rate in re.findall(r"^step \d+/6 .*\| dt (\d+) ms \| tok/s ([\d,]+)", stdout, re.M)]
     assert len(steps) == 6 and all(rate == pytest.approx(512 / (ms / 1000), rel=0.15) for ms, rate in steps if ms >= 5), steps
     g1, g2 = torch.load(tmp_path / "g_one.0"), [torch.load(tmp_path / f"g_two.{rank}") for rank in (0, 1)]
     assert torch.equal(g2[0], g2[1]) and ((g2[0] - g1).norm() / g1.norm()).item() < 1e-5  # the same token mean
