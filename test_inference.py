@@ -21,7 +21,7 @@ import bench
 import prepare_data
 import sample
 from conftest import finish
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, LIMITS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BLOCK = 64
@@ -1389,3 +1389,92 @@ def test_cpu_runs_keep_the_memory_a_step_frees(monkeypatch):
     args.argv = argv
     bench.run(args, lambda msg: None)
     assert seen == ["cpu"]
+
+
+# ---------------------------------------------------------------------------- from a third hand mutation run
+
+def test_bench_report_puts_each_preset_in_its_column_and_the_quartiles_after_the_ratio(bench_json):
+    """Mutants (hand mutation, round 3): A and B swapped in the speed table; quartiles printed q1-q1; the prefill row
+    naming the context instead of the tokens prefilled (context - steps)."""
+    r = json.loads(json.dumps(bench_json))
+    s = r["speed"]  # BENCH_ARGS: --quick (4 steps), --decode_batch 2, contexts 16 and 40
+    s["prefill_tok_s"] = {"16": dict(a=1111.0, b=2222.0, ratio=1.9, ratio_q1=1.8, ratio_q3=2.1),
+                          "40": dict(a=3333.0, b=4444.0, ratio=1.3, ratio_q1=1.2, ratio_q3=1.4)}
+    s["train_step_ms"] = dict(a=10.0, b=20.0, ratio=2.0, ratio_q1=1.5, ratio_q3=2.5)
+    text = bench.report(r)
+    # the prefill row names the tokens prefilled (context - steps), A's median under A, B's under B, then the quartiles
+    assert re.search(r"^  prefill tok/s, 12 tokens, batch 2 +1,111 +2,222 +1\.900  1\.800-2\.100$", text, re.M), text
+    assert re.search(r"^  prefill tok/s, 36 tokens, batch 2 +3,333 +4,444 +1\.300  1\.200-1\.400$", text, re.M), text
+    assert re.search(r"^  train step ms \(2x\d+\) +10\.0 +20\.0 +2\.000  1\.500-2\.500$", text, re.M), text
+
+
+def test_bench_kv_header_gives_each_presets_own_table_bytes(bench_json):
+    """Mutant: the KV header's "value tables: A ..." showing B's bytes."""
+    kv = bench_json["kv_cache"]["paper_780m"]
+    text = bench.report(bench_json)
+    tab_b = 8 * 32768 * 1536 * 2  # BoV: a table in each of the last 8 of 24 layers, |V| x d bfloat16
+    assert kv["rows"][0]["table_bytes_a"] == 0 and kv["rows"][0]["table_bytes_b"] == tab_b
+    assert "KV cache at size paper_780m (bfloat16, batch 32); value tables: A 0 B, B 768.0 MiB (one copy" in text
+
+
+def test_bench_plots_draw_val_bpb_against_tokens_and_the_last_evaluations_coefficients(tmp_path, monkeypatch):
+    """Mutants: the val curves drawn with x and y swapped; Fig 2 from the first evaluation's coefficients."""
+    metrics = tmp_path / "bov" / "metrics.jsonl"
+    metrics.parent.mkdir()
+    metrics.write_text("\n".join(json.dumps(r) for r in [
+        {"type": "eval", "step": 0, "tokens": 0, "val_bpb": 3.0, "coefficients": {"4": {"gamma_v": 1.0}, "5": {"gamma_v": 1.0}}},
+        {"type": "train", "step": 5, "tokens": 100, "loss": 2.0},
+        {"type": "eval", "step": 10, "tokens": 200, "val_bpb": 2.5, "coefficients": {"4": {"gamma_v": 2.5}, "5": {"gamma_v": 7.0}}},
+    ]) + "\n")
+    plt = bench.pyplot()
+    drawn = {}
+
+    def save(fig, ax, path, *a, **k):
+        drawn[os.path.basename(path)] = [(l.get_label(), [float(x) for x in l.get_xdata()], [float(y) for y in l.get_ydata()])
+                                         for l in ax.lines if not l.get_label().startswith("_")]  # not the axhline
+        plt.close(fig)
+    monkeypatch.setattr(bench, "save", save)
+    bench.val_curves([str(metrics)], str(tmp_path / "val.png"))
+    assert drawn["val.png"] == [("bov", [0.0, 200.0], [3.0, 2.5])]  # x: training tokens, y: val bpb
+    assert bench.coefficient_plot([str(metrics)], str(tmp_path / "coef.png"))
+    assert drawn["coef.png"] == [("bov: gamma_v", [4.0, 5.0], [2.5, 7.0])]  # the last evaluation's, not the first
+
+
+def test_bench_contexts_up_to_the_block_size_limit_are_accepted():
+    """Mutant: --contexts refusing the limit itself (`>=` for `>`)."""
+    limit = LIMITS["block_size"][0]
+    assert bench.parse_args(["--contexts", f"128,{limit}", "--threads", "1"]).contexts == [128, limit]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--contexts", str(limit + 1), "--threads", "1"])
+
+
+def test_cuda_peak_bytes_are_the_tensors_own_plus_what_fn_adds_on_top(monkeypatch):
+    """On CUDA the peak is the listed tensors' storages (each once) plus the allocator's peak over what was allocated
+    before fn(): the other preset's model, also on the device, is not counted."""
+    w = torch.zeros(1000)  # 4000 bytes; w[:10] shares its storage
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 10_000)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 10_500)
+    assert bench.peak_bytes("cuda", lambda: calls.append("fn"), lambda: [w, w[:10]]) == 4000 + 500
+    assert calls == ["reset", "fn"]
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused(tiny):
+    """Mutant: sample.py's check that the model covers every token id of its tokenizer disabled."""
+    path, tok, _ = tiny
+    data_dir = os.path.join(os.path.dirname(path), "data")
+    assert sample.checkpoint_tokenizer(path, {"data_dir": data_dir}, tok.vocab_size).vocab_size == tok.vocab_size
+    with pytest.raises(sample.DataError, match=rf"^the tokenizer of .* has {tok.vocab_size} tokens, the model only {tok.vocab_size - 1}$"):
+        sample.checkpoint_tokenizer(path, {"data_dir": data_dir}, tok.vocab_size - 1)
+
+
+def test_one_offloaded_sample_reports_its_rows_without_the_each_sample_note(tiny, capsys):
+    """Mutant: "(each sample fetches its own rows)" shown for one sample too."""
+    path, tok, model = tiny
+    capsys.readouterr()
+    sample.main(["--ckpt", path, "--start", "values of the", "--max_new_tokens", "5", "--temperature", "0", "--offload_tables"])
+    err = capsys.readouterr().err
+    assert re.search(r"^sample\.py: offload: [\d,]+ table rows fetched, [\d,]+ bytes moved host -> cpu \(on the CPU", err, re.M), err
+    assert "each sample" not in err
