@@ -859,7 +859,9 @@ def test_bench_config_overrides_and_quartiles():
     assert m["ratio_q1"] >= 0.9 and m["ratio_q3"] <= 1.1 and m["ratio"] == pytest.approx(1.0)
 
 
-def test_bench_plots_and_metrics(tmp_path, capsys, monkeypatch):
+def two_evaluations(tmp_path):
+    """A run's metrics.jsonl (tmp_path/bov/): evaluations at 0 and 200 tokens (val bpb 3.0, 2.5; gamma_v of layers 4
+    and 5 at 1, 1 then 2.5, 7) around a train record."""
     metrics = tmp_path / "bov" / "metrics.jsonl"
     metrics.parent.mkdir()
     metrics.write_text("\n".join(json.dumps(r) for r in [
@@ -867,6 +869,11 @@ def test_bench_plots_and_metrics(tmp_path, capsys, monkeypatch):
         {"type": "train", "step": 5, "tokens": 100, "loss": 2.0},
         {"type": "eval", "step": 10, "tokens": 200, "val_bpb": 2.5, "coefficients": {"4": {"gamma_v": 2.5}, "5": {"gamma_v": 7.0}}},
     ]) + "\n")
+    return metrics
+
+
+def test_bench_plots_and_metrics(tmp_path, capsys, monkeypatch):
+    metrics = two_evaluations(tmp_path)
     # a full disk for stdout is one line: checked below, in a process started now (its torch and matplotlib
     # imports overlap the in-process plots), with a --plot_dir of its own
     with open("/dev/full", "w") as full:
@@ -1419,13 +1426,7 @@ def test_bench_kv_header_gives_each_presets_own_table_bytes(bench_json):
 
 def test_bench_plots_draw_val_bpb_against_tokens_and_the_last_evaluations_coefficients(tmp_path, monkeypatch):
     """Mutants: the val curves drawn with x and y swapped; Fig 2 from the first evaluation's coefficients."""
-    metrics = tmp_path / "bov" / "metrics.jsonl"
-    metrics.parent.mkdir()
-    metrics.write_text("\n".join(json.dumps(r) for r in [
-        {"type": "eval", "step": 0, "tokens": 0, "val_bpb": 3.0, "coefficients": {"4": {"gamma_v": 1.0}, "5": {"gamma_v": 1.0}}},
-        {"type": "train", "step": 5, "tokens": 100, "loss": 2.0},
-        {"type": "eval", "step": 10, "tokens": 200, "val_bpb": 2.5, "coefficients": {"4": {"gamma_v": 2.5}, "5": {"gamma_v": 7.0}}},
-    ]) + "\n")
+    metrics = two_evaluations(tmp_path)
     plt = bench.pyplot()
     drawn = {}
 
