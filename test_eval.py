@@ -578,7 +578,6 @@ def test_a_flat_zip_is_unpacked_and_a_failed_move_into_the_cache_is_an_error_unl
         assert ev.get_bundle() == dest and os.listdir(cache) == ["eval_bundle"]
         assert sorted(os.listdir(dest)) == ["eval_data", "eval_meta_data.csv"]
     finally:
-        monkeypatch.setattr(os, "rename", rename)
         server.shutdown()
 
 

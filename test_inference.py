@@ -1293,9 +1293,10 @@ def test_cache_allocated_expects_ids_only_where_the_cache_keeps_them():
     """Mutant b03 (bench's own formula adds the 4 id bytes for any model with tables: a false "expected" for
     bov_keep_v and value_embed_gated, whose tables are added to a V that the cache keeps, and no ids). Per position,
     6 layers of d 48 in float32: K and V in all 6 (2,304 bytes), or in 6 and 4 (1,920) with layers 4, 5 V-free."""
-    base = bench.Bench("cpu", "baseline", bench.parse_overrides(TINY), 16, 1, "cpu", torch.float32)
+    tiny_bench = lambda variant: bench.Bench("cpu", variant, bench.parse_overrides(TINY), 16, 1, "cpu", torch.float32)
+    base = tiny_bench("baseline")
     for b, per_token in (("bov_keep_v", 2304), ("value_embed_gated", 2304), ("t1_r06", 1920), ("bov", 1924)):
-        c = bench.cache_allocated([base, bench.Bench("cpu", b, bench.parse_overrides(TINY), 16, 1, "cpu", torch.float32)], 16)
+        c = bench.cache_allocated([base, tiny_bench(b)], 16)
         assert c["a"]["per_token"] == c["a"]["per_token_expected"] == 2304, b
         assert c["b"]["per_token"] == c["b"]["per_token_expected"] == per_token, b
         assert c["ratio_per_token"] == c["ratio_expected"] and c["exact"], b

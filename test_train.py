@@ -1621,7 +1621,8 @@ def test_accumulated_gradients_are_the_mean_over_micro_batches(data_dir, tmp_pat
     the recorded one, with accumulation too. Mutant t03 (targets counted as `> 0`: a target of id 0, "!" in GPT-2's
     vocabulary, left out of the count, and the step's loss and gradient scaled up): the recorded loss is the initial
     model's own mean loss over the step's targets, four of them id 0."""
-    next_rows, configure, steps, initial = train.Batches.next_rows, GPT.configure_optimizers, [], []
+    next_rows, steps, initial = train.Batches.next_rows, [], []
+    spies = {bs: first_gradient_spy(tmp_path / f"g{bs}") for bs in (4, 8)}  # each wrapping the real configure_optimizers
 
     def padded(self, n):
         rows = next_rows(self, n)
@@ -1631,9 +1632,8 @@ def test_accumulated_gradients_are_the_mean_over_micro_batches(data_dir, tmp_pat
         return rows
     monkeypatch.setattr(train.Batches, "next_rows", padded)
     for bs in (4, 8):  # accumulation 2, then 1
-        monkeypatch.setattr(GPT, "configure_optimizers", configure)  # the spy wraps the real one, not the last spy
-        spy = first_gradient_spy(tmp_path / f"g{bs}")
-        monkeypatch.setattr(GPT, "configure_optimizers", lambda self, *a, **k: initial.append(copy.deepcopy(self)) or spy(self, *a, **k))
+        monkeypatch.setattr(GPT, "configure_optimizers",
+                            lambda self, *a, **k: initial.append(copy.deepcopy(self)) or spies[bs](self, *a, **k))
         train.main([*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / str(bs)}", "--max_iters=1",
                     "--total_batch_tokens=256", f"--device_batch_size={bs}"])
         logged = float(re.search(r"^step 1/1 \| loss ([\d.]+)", capsys.readouterr().out, re.M).group(1))
