@@ -1,125 +1,61 @@
-"""pytest setup for every test file: one CPU thread per process. The tests use tiny models, where a
-second thread buys nothing, while two processes that each spin two OpenMP threads on two cores (a
-test and the train.py it starts, the two test workers of `pytest -n 2`, or a neighbouring job) slow each other
-down many times over."""
+"""Shared test setup: one CPU thread per process (the suite runs as `pytest -n 2` on 2 cores, and the scripts
+a test starts inherit it), tiny models, a byte-level tokenizer and one tiny checkpoint per session."""
+import base64
 import os
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the scripts the tests start
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-import signal  # noqa: E402
-import struct  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import zipfile  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 
-import pytest  # noqa: E402
-
-# The tests send Ctrl-Cs, in-process and to the scripts they start, and expect them handled as in a terminal. A pytest
-# started with SIGINT ignored (`pytest &` in a script, some CI runners) would pass that on to both, and the scripts
-# leave an ignored SIGINT ignored, as Python itself does (prepare_data.handle_signals): handle it here.
-signal.signal(signal.SIGINT, signal.default_int_handler)
+# tokenizer.json of a byte-level tokenizer: 256 byte tokens, then <|bos|> = 256
+BYTE_TOKENIZER = {"pattern": r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+                  "bos": "<|bos|>", "ranks": [base64.b64encode(bytes([i])).decode() for i in range(256)]}
 
 
-def builds(size, variant, **overrides):
-    """Whether the size has the variant's target layers (a researcher's variant may list indices past its depth:
-    README "A new variant"). Any other refusal of the variant is raised, so that a mistake in it fails the tests
-    rather than skipping them."""
-    from model import GPTConfig, SIZES, VARIANTS
-    if size in SIZES and variant in VARIANTS:  # else preset() below says what is unknown
-        layers = GPTConfig.layer_spec({**VARIANTS[variant], **overrides}.get("bov_layers"))  # "8,9", 8, [8, 9]: a tuple
-        depth = overrides.get("n_layer", SIZES[size]["n_layer"])
-        if isinstance(layers, tuple) and any(isinstance(i, int) and i >= depth for i in layers):
-            return False
-    GPTConfig.preset(size, variant, **overrides)
-    return True
+def tiny(variant="bov", **overrides):
+    """A 6-layer model of width 48 (4 heads of 12) over the byte tokenizer's 257 ids: the cpu size, shrunk."""
+    return GPTConfig.preset("cpu", variant, **{**dict(n_embd=48, n_head=4, vocab_size=257, block_size=64), **overrides})
 
 
-def first_gradient_spy(path):
-    """A GPT.configure_optimizers whose first optimizer step saves the gradient it is given (every parameter's,
-    flattened, in order) to path.RANK (0 without torchrun) before it steps: the step's whole gradient, after
-    accumulation and DDP's averaging."""
-    from model import GPT
-    configure = GPT.configure_optimizers
-
-    def spy(self, *a, **k):
-        opts = configure(self, *a, **k)
-        step = opts[0].step
-
-        def recording(*x, **y):
-            out = f"{path}.{os.environ.get('RANK', 0)}"
-            if not os.path.exists(out):
-                torch.save(torch.cat([p.grad.flatten() for p in self.parameters() if p.grad is not None]), out)
-            return step(*x, **y)
-        opts[0].step = recording
-        return opts
-    return spy
+def seeded(seed, variant="bov", **overrides):
+    """tiny(variant) initialised from torch.manual_seed(seed), with the zero-initialised output projections made
+    non-zero (from their own generator), so that every layer's values reach the logits."""
+    torch.manual_seed(seed)
+    model = GPT(tiny(variant, **overrides))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.c_proj.weight.normal_(0, 0.2, generator=g)
+            block.mlp.c_proj.weight.normal_(0, 0.2, generator=g)
+        model.lm_head.weight.normal_(0, 0.2, generator=g)
+    return model.eval()
 
 
-def finish(p, timeout=300):
-    """The CompletedProcess of a Popen started with text pipes; past timeout it is killed and the test fails."""
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.communicate()
-        pytest.fail(f"{subprocess.list2cmdline(map(str, p.args))[:200]} did not finish in {timeout} s")
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+def save_checkpoint(model, path, **extra):
+    """A checkpoint as train.py writes one (the fields sample.py, eval.py and bench.py read)."""
+    from dataclasses import asdict
+    torch.save({"model": model.state_dict(), "model_config": asdict(model.config), "tokenizer": BYTE_TOKENIZER,
+                **extra}, path)
+    return path
 
 
-def flip_tensor_byte(path):
-    """Flip one bit in the middle of the largest record of the torch.save zip at path (a tensor's bytes),
-    as a bad disk or copy would; the zip's structure stays whole."""
-    data = bytearray(path.read_bytes())
-    record = max(zipfile.ZipFile(path).infolist(), key=lambda r: r.file_size)
-    name_len, extra_len = struct.unpack("<HH", data[record.header_offset + 26:record.header_offset + 30])  # local header
-    data[record.header_offset + 30 + name_len + extra_len + record.file_size // 2] ^= 1
-    path.write_bytes(bytes(data))
-    return record.filename
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory):
+    """One tiny BoV checkpoint for the session: out_dir/ckpt.pt, returned as the out_dir."""
+    out = tmp_path_factory.mktemp("out")
+    save_checkpoint(seeded(0, "bov"), out / "ckpt.pt", step=0)
+    return out
 
 
-def set_compression_method(path, method):
-    """Write `method` into the central-directory entry of the largest record of the torch.save zip at path
-    (torch stores, method 0, and ignores the field; zipfile reads by it)."""
-    data = bytearray(path.read_bytes())
-    archive = zipfile.ZipFile(path)
-    records = archive.infolist()
-    largest = max(records, key=lambda r: r.file_size)
-    pos = archive.start_dir
-    for r in records[:records.index(largest)]:  # each entry: 46 bytes, then its name, extra field and comment
-        pos += 46 + sum(struct.unpack("<HHH", data[pos + 28:pos + 34]))
-    data[pos + 10:pos + 12] = struct.pack("<H", method)
-    path.write_bytes(bytes(data))
-
-
-@pytest.fixture(autouse=True)
-def kill_leftover_processes(monkeypatch):
-    """A test that starts a script early and fails a check before collecting it leaves nothing running."""
-    started = []
-
-    class Tracked(subprocess.Popen):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            started.append((self, kwargs.get("start_new_session", False)))
-    monkeypatch.setattr(subprocess, "Popen", Tracked)
-    yield
-    for p, own_group in started:
-        if p.poll() is None:
-            if own_group:  # torchrun and its ranks: the whole process group
-                os.killpg(p.pid, signal.SIGKILL)
-            else:
-                p.kill()
-            p.wait()
-
-
-@pytest.fixture(autouse=True)
-def malloc_left_alone(monkeypatch):
-    """train.py and bench.py set glibc's malloc to keep freed memory for the rest of their process
-    (sample.keep_freed_memory): their in-process runs here skip it, so that no test runs under settings an
-    earlier test left (test_inference tests the real thing in processes of its own)."""
-    for name in ("train", "bench"):
-        if name in sys.modules:
-            monkeypatch.setattr(sys.modules[name], "keep_freed_memory", lambda device: False)
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    """The Shakespeare default with a 512-token BPE, prepared once per session by prepare_data.py: its folder."""
+    import prepare_data
+    out = tmp_path_factory.mktemp("data") / "shakespeare"
+    prepare_data.main(["--out_dir", str(out), "--vocab_size", "512"])
+    return out
