@@ -31,8 +31,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from model import GPT, SIZES, VARIANTS, GPTConfig
-from sample import autocast, resolve_dtype
 
+autocast = lambda device, dtype: torch.autocast(torch.device(device).type, dtype, enabled=dtype != torch.float32)
 PAPER_BUDGETS = {"paper_135m": 1.5e18, "paper_780m": 3.91e19}  # the training FLOPs of the paper's runs
 
 # FlopCounterMode does not know SDPA's CPU kernels: 4 T_q T_k D per head forward, backward twice that, as
@@ -143,7 +143,7 @@ def paired(a, b):
 
 def run(args):
     """Every number of the table -> a dict, as --json prints it."""
-    dtype = resolve_dtype(args.dtype, args.device)
+    dtype = getattr(torch, args.dtype)
     cfgs = [GPTConfig.preset(args.size, v, **args.config) for v in args.variants]
     metas = [GPT(cfg, device="meta") for cfg in cfgs]
     both = lambda f, **more: dict(a=f(0), b=f(1), **more)
@@ -297,7 +297,7 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds after the warm-up")
     p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
     p.add_argument("--device", default="cuda" if cuda else "cpu")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="bfloat16" if cuda else "float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
     p.add_argument("--plot", nargs="*", metavar="METRICS", help="only draw the plots: Fig 5a, and the val curves "
                    "and coefficients of train.py's metrics.jsonl files")

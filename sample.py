@@ -21,19 +21,6 @@ import torch
 from model import GPT, load_tokenizer
 
 
-def resolve_dtype(name, device):
-    """--dtype -> torch dtype; auto: bfloat16 on a CUDA device that supports it, else float32."""
-    if name == "auto":
-        cuda = torch.device(device).type == "cuda"
-        name = "bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32"
-    return getattr(torch, name)
-
-
-def autocast(device, dtype):
-    """Mixed precision for dtype; float32 runs without autocast."""
-    return torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype != torch.float32)
-
-
 def read_prompt(enc, start, block_size):
     """<|bos|> + the tokens of --start (text, or FILE:path), cropped from the left to block_size tokens."""
     if start.startswith("FILE:"):
@@ -73,7 +60,8 @@ def main(argv=None):
     p.add_argument("--top_k", type=int, default=200)
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="bfloat16" if torch.cuda.is_available() else "float32",
+                   choices=["float32", "bfloat16", "float16"], help="autocast dtype")
     p.add_argument("--compile", action="store_true", help="torch.compile, dynamic shapes")
     p.add_argument("--offload_tables", action="store_true", help="keep the value tables in host memory")
     args = p.parse_args(argv)
@@ -85,9 +73,9 @@ def main(argv=None):
         model.compile(dynamic=True)
     enc = load_tokenizer(ckpt["tokenizer"])
     ids = read_prompt(enc, args.start, model.config.block_size)
-    dtype = resolve_dtype(args.dtype, args.device)
+    dtype = getattr(torch, args.dtype)
     generator = torch.Generator(args.device).manual_seed(args.seed)
-    with torch.no_grad(), autocast(args.device, dtype):
+    with torch.no_grad(), torch.autocast(torch.device(args.device).type, dtype, enabled=dtype != torch.float32):
         for k in range(args.num_samples):
             if k:
                 print("---------------")

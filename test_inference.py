@@ -88,10 +88,6 @@ def test_a_prompt_longer_than_the_context_is_cropped_from_the_left_and_said_once
     assert long.err.count("cropped") == 1 and "cropped" not in kept.err
 
 
-def test_auto_dtype_is_float32_off_cuda():
-    assert sample.resolve_dtype("auto", "cpu") == torch.float32
-    assert sample.resolve_dtype("bfloat16", "cpu") == torch.bfloat16
-
 # ---------------------------------------------------------------------------- bench.py
 
 
