@@ -1,23 +1,18 @@
 """
-Compare two presets side by side (default: baseline vs bov), as freshly initialised models: their cost, not
-their quality (for that, --plot the runs' metrics.jsonl).
+Compare two presets side by side (default baseline vs bov), freshly initialised: their cost, not their quality.
 
     python bench.py                                   # size cpu on a CPU, paper_135m on CUDA
     python bench.py --variants baseline bov_shared_table --size paper_780m --json
     python bench.py --rounds 7 --decode_batch 32 --contexts 1024
-    python bench.py --plot out/cpu_baseline/metrics.jsonl out/cpu_bov/metrics.jsonl   # plots only
+    python bench.py --plot out/cpu_baseline/metrics.jsonl out/cpu_bov/metrics.jsonl   # Figs 5a, 4 and 2
+    python bench.py --table out/grid/*/metrics.jsonl --plot_dir docs      # trained runs: Table 1 in miniature
 
-One markdown table, A and B side by side, and B/A:
-- parameters; training FLOPs/token, estimated (estimate_flops) and measured with FlopCounterMode on one
-  forward+backward, every window made the whole context for both (the counter counts a masked attention over
-  all T x T scores), where they must be equal; the tokens the paper's FLOPs budgets buy.
-- KV-cache bytes per position of a real KVCache against kv_cache_bytes, the tables' bytes, and eq. 6's
-  breakeven: BoV's V-free layers save (L/3) d T values a sequence and its tables cost (L/3) |V| d, so BoV
-  saves memory from T = |V| for one sequence, and from B T = |V| for B sequences sharing the tables.
-- prefill and decode tokens/s at each of --contexts (a prefill of context - steps tokens, then --steps greedy
-  one-token steps), and the ms of a train step. A and B run interleaved for --rounds after a warm-up round,
-  the order alternating (A B, B A, ...), their decode steps taking turns, so that both meet the same machine;
-  reported: each side's median, and the median of the per-round ratios B/A with its quartiles.
+The table: parameters; FLOPs/token estimated and counted by FlopCounterMode (every window the whole context,
+as the counter counts a masked attention's T x T scores); the tokens the paper's budgets buy; the KV-cache bytes
+of a real cache against kv_cache_bytes, and eq. 6's breakeven; prefill and decode tok/s (a prefill of context -
+steps tokens, then --steps one-token steps) and train-step ms. A and B run interleaved for --rounds after a
+warm-up round, the order alternating, their decode steps taking turns, so that both meet the same machine:
+each side's median, and the median of the per-round ratios B/A with its quartiles.
 """
 import argparse
 import json
@@ -228,26 +223,33 @@ def report(r):
 # Plots
 
 
-def read_evals(path):
-    """The eval records of a train.py metrics.jsonl."""
+def read_metrics(path):
+    """train.py's metrics.jsonl -> (its settings, its eval records)."""
     with open(path) as f:
-        return [rec for rec in map(json.loads, f) if rec["type"] == "eval"]
+        records = [json.loads(line) for line in f]
+    return records[0], [r for r in records if r["type"] == "eval"]
+
+
+def pyplot():
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no window
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def savefig(plot_dir, name, fig, ax, title, xlabel, ylabel):
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    os.makedirs(plot_dir, exist_ok=True)
+    fig.savefig(os.path.join(plot_dir, name), dpi=120)
+    pyplot().close(fig)
+    print(f"wrote {os.path.join(plot_dir, name)}", file=sys.stderr)
 
 
 def plot(paths, plot_dir):
     """Fig 5a; and of the runs' metrics.jsonl, the val curves (Fig 4) and the learned coefficients (Fig 2)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    os.makedirs(plot_dir, exist_ok=True)
-
-    def save(fig, ax, name, title, xlabel, ylabel):
-        ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(os.path.join(plot_dir, name), dpi=120)
-        plt.close(fig)
-        print(f"wrote {os.path.join(plot_dir, name)}", file=sys.stderr)
+    plt = pyplot()
 
     # Fig 5a: memory BoV saves at paper_780m in bf16, eq. 6 with BoV's ids; over the K+V cache it approaches
     # (L/3) / 2L = 1/6 of it, over the V cache alone (the caption's words) 1/3
@@ -263,14 +265,16 @@ def plot(paths, plot_dir):
     ax.set_xticks([2 ** 14, 2 ** 16, 2 ** 18, 2 ** 20], ["16K", "64K", "256K", "1M"])
     ax.axhline(0, color="gray", linewidth=0.8)
     ax.set_ylim(-20, 35)
-    save(fig, ax, "fig5a.png", "Fig 5a: KV-cache memory saved by BoV (paper_780m)", "context", "memory saved (%)")
+    savefig(plot_dir, "fig5a.png", fig, ax, "Fig 5a: KV-cache memory saved by BoV (paper_780m)", "context",
+            "memory saved (%)")
     if not paths:
         return
-    runs = {os.path.basename(os.path.dirname(os.path.abspath(p))): read_evals(p) for p in paths}  # by out_dir
+    runs = {os.path.basename(os.path.dirname(os.path.abspath(p))): read_metrics(p)[1] for p in paths}  # by out_dir
     fig, ax = plt.subplots(figsize=(6, 4))
     for run, evals in runs.items():
         ax.plot([e["tokens"] for e in evals], [e["val_bpb"] for e in evals], marker=".", label=run)
-    save(fig, ax, "val_curves.png", "validation curves (Fig 4)", "training tokens", "val bits per byte")
+    savefig(plot_dir, "val_curves.png", fig, ax, "validation curves (Fig 4)", "training tokens",
+            "val bits per byte")
     fig, ax = plt.subplots(figsize=(6, 4))
     for run, evals in runs.items():
         last = evals[-1]["coefficients"]  # {layer: {name: value}} at the last evaluation
@@ -278,7 +282,74 @@ def plot(paths, plot_dir):
             layers = sorted((int(layer), c[name]) for layer, c in last.items() if name in c)
             ax.plot(*zip(*layers), marker="o", label=f"{run}: {name}")
     ax.axhline(0, color="gray", linewidth=0.8)
-    save(fig, ax, "coefficients.png", "Fig 2: learned value coefficients", "layer", "coefficient")
+    savefig(plot_dir, "coefficients.png", fig, ax, "Fig 2: learned value coefficients", "layer", "coefficient")
+
+# -----------------------------------------------------------------------------
+# Table 1 in miniature: trained runs of every variant, several seeds each
+
+# The paper's val bpb at 135M: Table 1, and BoV matching its best row (Section 1); Fig 5b plots the rest unlabelled
+PAPER_BPB = dict(t1_r01=.854, t1_r02=.858, t1_r03=.872, t1_r04=.851, t1_r05=.849, t1_r06=.847, t1_r07=.849,
+                 t1_r08=.847, t1_r09=.845, t1_r10=.849, t1_r11=.848, t1_r12=.848, t1_r13=.845, baseline=.854,
+                 bov=.845)
+PAPER_ROW = dict(baseline="Table 1 row 1", bov="Sections 4-5", bov_shared_table="Fig 5b", bov_fixed_coeff="Fig 5b",
+                 bov_every_layer="Fig 5b", bov_keep_v="Fig 5b", value_embed_gated="Tables 3, 5",
+                 resformer="Sections 1, 6", svformer="Fig 1b",
+                 **{f"t1_r{i:02d}": f"Table 1 row {i}" for i in range(1, 14)})
+
+
+def formula(cfg):
+    """What a variant's target layers compute, in the paper's notation, and where."""
+    layers = cfg.target_layers()
+    if not layers:
+        return "V"
+    tilde = dict(table="E[i]" if cfg.shared_table else "E_v[i]", x0="x0 W_V", v1="V1", x="V")[cfg.value_source]
+    learned = cfg.value_coeff == "learned"
+    add = f"{'a V + b' if learned else '0.5 V + 0.5'} {tilde}"
+    value = add if cfg.value_mix == "add" else "γ " * learned + tilde
+    value = "V + 3σ(W_g x) E[i]" if cfg.value_coeff == "gated" else value
+    return f"{value} in layers {','.join(map(str, layers))}"
+
+
+def grid(paths, plot_dir):
+    """The markdown table of the runs' final val bpb by variant and seed, and their differences from the baseline
+    against the paper's, drawn into plot_dir/table1.png."""
+    runs = {}  # variant -> {seed: last eval record}
+    for config, evals in map(read_metrics, paths):
+        runs.setdefault(config["variant"], {})[config["seed"]] = evals[-1]
+    base = [r["val_bpb"] for r in runs["baseline"].values()]
+    mean0, noise = statistics.mean(base), 2 * (max(base) - min(base))  # a gap under twice its seed spread: noise
+    seeds = sorted({seed for per in runs.values() for seed in per})
+    lines = [f"| variant | paper | computes | {' | '.join(f'seed {s}' for s in seeds)} | mean | vs baseline "
+             f"| paper | last gamma_v (a, b) by layer |", "|---|---|---|" + "---:|" * (len(seeds) + 3) + "---|"]
+    rows = []
+    for v in [v for v in VARIANTS if v in runs]:
+        bpb = {s: r["val_bpb"] for s, r in runs[v].items()}
+        diff = statistics.mean(bpb.values()) - mean0
+        paper = PAPER_BPB[v] - PAPER_BPB["baseline"] if v in PAPER_BPB else None
+        coeffs = "; ".join(f"{k}: " + ", ".join(f"{x:.2f}" for x in c.values())
+                           for k, c in runs[v][max(runs[v])]["coefficients"].items())
+        verdict = " (noise)" * (v != "baseline" and abs(diff) < noise)
+        lines.append(f"| {v} | {PAPER_ROW[v]} | {formula(GPTConfig.preset('paper_135m', v))} | "
+                     + " | ".join(f"{bpb[s]:.3f}" if s in bpb else "" for s in seeds)
+                     + f" | {statistics.mean(bpb.values()):.3f} | {diff:+.3f}{verdict} | "
+                     + ("" if paper is None else f"{paper:+.3f}") + f" | {coeffs} |")
+        rows.append((v, [b - mean0 for b in bpb.values()], diff, paper))
+    print("\n".join(lines))
+    print(f"\nbaseline: mean {mean0:.4f} over seeds {', '.join(map(str, runs['baseline']))}; twice its seed "
+          f"spread, {noise:.3f}, marks a difference as noise")
+
+    fig, ax = pyplot().subplots(figsize=(7, 0.28 * len(rows) + 1.2))
+    ax.axvspan(-noise, noise, color="0.9", label="within twice the baseline's seed spread")
+    for y, (v, points, diff, paper) in enumerate(rows):
+        ax.plot(points, [y] * len(points), "o", color="C0", ms=4, label="each seed (cpu, Shakespeare)" * (y == 0))
+        ax.plot([diff], [y], "|", color="C0", ms=12, mew=2, label="mean" * (y == 0))
+        if paper is not None:
+            ax.plot([paper], [y], "x", color="C3", label="the paper, 135M (Table 1)" * (v == "baseline"))
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.axvline(0, color="gray", linewidth=0.8)
+    savefig(plot_dir, "table1.png", fig, ax, "Table 1 and Fig 5b in miniature",
+            "val bpb minus the baseline's mean (lower is better)", "")
 
 # -----------------------------------------------------------------------------
 
@@ -297,10 +368,12 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds after the warm-up")
     p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
     p.add_argument("--device", default="cuda" if cuda else "cpu")
-    p.add_argument("--dtype", default="bfloat16" if cuda else "float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="bfloat16" if cuda else "float32", choices=["float32", "bfloat16"])
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
     p.add_argument("--plot", nargs="*", metavar="METRICS", help="only draw the plots: Fig 5a, and the val curves "
                    "and coefficients of train.py's metrics.jsonl files")
+    p.add_argument("--table", nargs="+", metavar="METRICS", help="only the table of trained runs by variant and "
+                   "seed (train.py's metrics.jsonl files), and its plot, table1.png")
     p.add_argument("--plot_dir", default="out/plots")
     args = p.parse_args(argv)
     pairs = (kv.split("=") for kv in args.config.split(",") if kv)
@@ -315,6 +388,8 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     if args.plot is not None:
         return plot(args.plot, args.plot_dir)
+    if args.table:
+        return grid(args.table, args.plot_dir)
     r = run(args)
     print(json.dumps(r, indent=1) if args.json else report(r))
 

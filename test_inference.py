@@ -200,13 +200,13 @@ def test_paired_is_the_median_ratio_and_its_quartiles():
     assert m == dict(a=1.5, b=2.0, ratio=1.0, q1=0.875, q3=1.25)
 
 
-def metrics(path, variant, coefficients):
+def metrics(path, variant, coefficients, seed=1337, final=2.5):
     """A train.py metrics.jsonl with two evaluations."""
     path.parent.mkdir()
-    records = [{"type": "config", "size": "cpu", "variant": variant},
+    records = [{"type": "config", "size": "cpu", "variant": variant, "seed": seed},
                {"type": "train", "step": 0, "loss": 8.0, "lr": 0.1}]
     records += [{"type": "eval", "step": s, "tokens": 100 * s, "flops": 1e9 * s, "val_loss": 2.0, "val_bpb": bpb,
-                 "coefficients": coefficients} for s, bpb in ((0, 3.0), (2, 2.5))]
+                 "coefficients": coefficients} for s, bpb in ((0, 3.0), (2, final))]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return str(path)
 
@@ -230,3 +230,22 @@ def test_bench_plot_draws_fig5a_the_val_curves_and_the_coefficients(tmp_path, mo
     assert kv[k] < 0 < kv[k + 1] and 15 < kv[-1] < 100 / 6 and fig5a[1][1] == [2 * s for s in kv]
     assert rest == [([0, 200], [3.0, 2.5], "cpu_baseline"), ([0, 200], [3.0, 2.5], "cpu_bov"),
                     ([4, 5], [1.3, 0.9], "cpu_bov: gamma_v")]
+
+
+def test_bench_table_of_trained_runs_by_variant_and_seed(tmp_path, capsys):
+    """Table 1 in miniature: each run's last val bpb by seed, the mean, its difference from the baseline's mean
+    (marked noise under twice the baseline's seed spread), the paper's difference, and the last coefficients."""
+    runs = [("baseline", 1, 2.10, {}), ("baseline", 2, 2.11, {}), ("baseline", 1337, 2.12, {}),
+            ("bov", 1, 2.05, {"4": {"gamma_v": 9.0}}), ("bov", 1337, 2.07, {"4": {"gamma_v": 2.25}, "5": {"gamma_v": 0.5}}),
+            ("t1_r11", 1337, 2.09, {"4": {"alpha_v": 1.0, "beta_v": 0.25}})]
+    paths = [metrics(tmp_path / f"{v}_{seed}" / "metrics.jsonl", v, c, seed, bpb) for v, seed, bpb, c in runs]
+    bench.main(["--table", *paths, "--plot_dir", str(tmp_path)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[:5] == [
+        "| variant | paper | computes | seed 1 | seed 2 | seed 1337 | mean | vs baseline | paper | last gamma_v (a, b) by layer |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| baseline | Table 1 row 1 | V | 2.100 | 2.110 | 2.120 | 2.110 | +0.000 | +0.000 |  |",
+        "| bov | Sections 4-5 | γ E_v[i] in layers 8,9,10,11 | 2.050 |  | 2.070 | 2.060 | -0.050 | -0.009 | 4: 2.25; 5: 0.50 |",
+        "| t1_r11 | Table 1 row 11 | a V + b V1 in layers 8,9,10,11 |  |  | 2.090 | 2.090 | -0.020 (noise) | -0.006 "
+        "| 4: 1.00, 0.25 |"]
+    assert (tmp_path / "table1.png").read_bytes()[:4] == b"\x89PNG"
