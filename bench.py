@@ -7,14 +7,12 @@ Compare two presets side by side (default baseline vs bov), freshly initialised:
     python bench.py --plot out/cpu_baseline/metrics.jsonl out/cpu_bov/metrics.jsonl   # Figs 5a, 4 and 2
     python bench.py --table out/grid/*/metrics.jsonl --plot_dir docs      # trained runs: Table 1 in miniature
 
-The table: parameters; FLOPs/token estimated and counted by FlopCounterMode (every window the whole context,
-as the counter counts a masked attention's T x T scores); the tokens the paper's budgets buy; the KV-cache bytes
-of a real cache against kv_cache_bytes, and eq. 6's breakeven; prefill and decode tok/s (a prefill of context -
-steps tokens, then --steps one-token steps) and train-step ms. A and B run interleaved for --rounds after a
-warm-up round, the order alternating, their decode steps taking turns, so that both meet the same machine:
-each side's median, and the median of the per-round ratios B/A with its quartiles.
+The speed rows (a prefill of context - steps tokens, then --steps one-token steps; a train step) run A and B
+interleaved for --rounds after a warm-up, the order alternating and decode steps taking turns, so that both meet
+the same machine: each side's median, and the median of the per-round ratios B/A with its quartiles.
 """
 import argparse
+import ast
 import json
 import os
 import statistics
@@ -290,7 +288,7 @@ def plot(paths, plot_dir):
 # The paper's val bpb at 135M: Table 1, and BoV matching its best row (Section 1); Fig 5b plots the rest unlabelled
 PAPER_BPB = dict(t1_r01=.854, t1_r02=.858, t1_r03=.872, t1_r04=.851, t1_r05=.849, t1_r06=.847, t1_r07=.849,
                  t1_r08=.847, t1_r09=.845, t1_r10=.849, t1_r11=.848, t1_r12=.848, t1_r13=.845, baseline=.854,
-                 bov=.845)
+                 svformer=.872, bov=.845)
 PAPER_ROW = dict(baseline="Table 1 row 1", bov="Sections 4-5", bov_shared_table="Fig 5b", bov_fixed_coeff="Fig 5b",
                  bov_every_layer="Fig 5b", bov_keep_v="Fig 5b", value_embed_gated="Tables 3, 5",
                  resformer="Sections 1, 6", svformer="Fig 1b",
@@ -313,9 +311,10 @@ def formula(cfg):
 def grid(paths, plot_dir):
     """The markdown table of the runs' final val bpb by variant and seed, and their differences from the baseline
     against the paper's, drawn into plot_dir/table1.png."""
-    runs = {}  # variant -> {seed: last eval record}
+    runs, sizes = {}, {}  # variant -> {seed: last eval record}, and its size
     for config, evals in map(read_metrics, paths):
         runs.setdefault(config["variant"], {})[config["seed"]] = evals[-1]
+        sizes[config["variant"]] = config["size"]
     base = [r["val_bpb"] for r in runs["baseline"].values()]
     mean0, noise = statistics.mean(base), 2 * (max(base) - min(base))  # a gap under twice its seed spread: noise
     seeds = sorted({seed for per in runs.values() for seed in per})
@@ -329,7 +328,7 @@ def grid(paths, plot_dir):
         coeffs = "; ".join(f"{k}: " + ", ".join(f"{x:.2f}" for x in c.values())
                            for k, c in runs[v][max(runs[v])]["coefficients"].items())
         verdict = " (noise)" * (v != "baseline" and abs(diff) < noise)
-        lines.append(f"| {v} | {PAPER_ROW[v]} | {formula(GPTConfig.preset('paper_135m', v))} | "
+        lines.append(f"| {v} | {PAPER_ROW[v]} | {formula(GPTConfig.preset(sizes[v], v))} | "
                      + " | ".join(f"{bpb[s]:.3f}" if s in bpb else "" for s in seeds)
                      + f" | {statistics.mean(bpb.values()):.3f} | {diff:+.3f}{verdict} | "
                      + ("" if paper is None else f"{paper:+.3f}") + f" | {coeffs} |")
@@ -377,7 +376,7 @@ def parse_args(argv=None):
     p.add_argument("--plot_dir", default="out/plots")
     args = p.parse_args(argv)
     pairs = (kv.split("=") for kv in args.config.split(",") if kv)
-    args.config = {k: int(v) if v.isdigit() else v for k, v in pairs}
+    args.config = {k: ast.literal_eval(v) if v[:1].isdigit() or v in ("True", "False") else v for k, v in pairs}
     args.contexts = sorted(int(c) for c in args.contexts.split(","))
     assert args.contexts[0] > args.steps, "each context must exceed --steps: it is prefilled to context - steps"
     return args

@@ -564,11 +564,11 @@ class GPT(nn.Module):
     def estimate_flops(self):
         """Training FLOPs per token, forward and backward, as nanochat counts them: 6 x the weights of the
         matmuls (block matrices and lm_head; W_V twice where it multiplies both x and x0; never a lookup of
-        wte or a table) + 12 n_head head_dim min(window, T) per layer for attention's scores and values."""
+        wte or a table) + 12 n_head head_dim window per layer for attention's scores and values."""
         cfg = self.config
-        matmul = self.lm_head.weight.numel() + sum(p.numel() for p in self.blocks.parameters() if p.dim() == 2)
+        matmul = self.num_params()["scaling"]
         matmul += sum(b.attn.c_v.weight.numel() for b in self.blocks if b.attn.source == "x0" and b.attn.mix == "add")
-        return 6 * matmul + sum(12 * cfg.n_head * cfg.head_dim * min(w, cfg.block_size) for w in cfg.windows())
+        return 6 * matmul + sum(12 * cfg.n_embd * w for w in cfg.windows())
 
     def coefficients(self):
         """{layer: {"gamma_v": c} or {"alpha_v": a, "beta_v": b}}: the learned coefficients (Fig 2)."""

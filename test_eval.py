@@ -136,7 +136,7 @@ def test_score_sums_the_loss_of_the_scored_span(label, item, losses, greedy):
     rows = ev.encode(task.kind, ev.render(task, item, []), ENC, 1000)
     assert all(t[0] == 256 for t, _ in rows)  # every prompt starts with <|bos|>
     got_losses, got_greedy = ev.score(Bigram(), rows, batch_size=1)
-    assert got_losses == pytest.approx(losses, abs=1e-4)  # float32 and got_greedy == greedy
+    assert got_losses == pytest.approx(losses, abs=1e-4) and got_greedy == greedy  # float32
 
 
 @pytest.mark.parametrize("shots, block_size, batch_size", [(False, 1000, 16), (True, 1000, 1), (True, 12, 3)])

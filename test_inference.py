@@ -204,7 +204,7 @@ def metrics(path, variant, coefficients, seed=1337, final=2.5):
     """A train.py metrics.jsonl with two evaluations."""
     path.parent.mkdir()
     records = [{"type": "config", "size": "cpu", "variant": variant, "seed": seed},
-               {"type": "train", "step": 0, "loss": 8.0, "lr": 0.1}]
+               {"type": "train", "step": 0, "loss": 8.0, "lrm": 0.1}]
     records += [{"type": "eval", "step": s, "tokens": 100 * s, "flops": 1e9 * s, "val_loss": 2.0, "val_bpb": bpb,
                  "coefficients": coefficients} for s, bpb in ((0, 3.0), (2, final))]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -245,7 +245,12 @@ def test_bench_table_of_trained_runs_by_variant_and_seed(tmp_path, capsys):
         "| variant | paper | computes | seed 1 | seed 2 | seed 1337 | mean | vs baseline | paper | last gamma_v (a, b) by layer |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
         "| baseline | Table 1 row 1 | V | 2.100 | 2.110 | 2.120 | 2.110 | +0.000 | +0.000 |  |",
-        "| bov | Sections 4-5 | γ E_v[i] in layers 8,9,10,11 | 2.050 |  | 2.070 | 2.060 | -0.050 | -0.009 | 4: 2.25; 5: 0.50 |",
-        "| t1_r11 | Table 1 row 11 | a V + b V1 in layers 8,9,10,11 |  |  | 2.090 | 2.090 | -0.020 (noise) | -0.006 "
+        "| bov | Sections 4-5 | γ E_v[i] in layers 4,5 | 2.050 |  | 2.070 | 2.060 | -0.050 | -0.009 | 4: 2.25; 5: 0.50 |",
+        "| t1_r11 | Table 1 row 11 | a V + b V1 in layers 4,5 |  |  | 2.090 | 2.090 | -0.020 (noise) | -0.006 "
         "| 4: 1.00, 0.25 |"]
     assert (tmp_path / "table1.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_config_reads_numbers_and_booleans():
+    args = bench.parse_args(["--config", "n_embd=48,shared_table=False,window_pattern=SL"])
+    assert args.config == dict(n_embd=48, shared_table=False, window_pattern="SL")

@@ -6,8 +6,9 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode
 
+from bench import SDPA_FLOPS  # SDPA's CPU kernels, which FlopCounterMode does not know
 from conftest import save_checkpoint, seeded, tiny
 from model import GPT, GPTConfig, SIZES, VARIANTS
 
@@ -214,6 +215,19 @@ def test_greedy_decode_with_cache_equals_without(variant):
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 8:], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("variant", ["bov", "t1_r06", "value_embed_gated"])
+def test_decode_under_bf16_autocast_gives_the_full_forwards_logits(variant):
+    """CUDA's default: float32 weights, a bf16 KV cache (autocast's dtype), bf16 attention; the step logits
+    within bf16's rounding of the full forward's (the baseline's differ by up to 0.06 too)."""
+    model = seeded(1, variant)
+    with torch.autocast("cpu", torch.bfloat16):
+        tokens = model.generate(batch(model.config, T=9), 20, temperature=0, use_cache=False)
+        full, cache = model(tokens[:, :-1])[0], model.new_cache(2)
+        steps = [model(tokens[:, :9], cache=cache)[0]] + [model(tokens[:, t:t + 1], cache=cache)[0] for t in range(9, 28)]
+    assert cache.k[0].dtype == torch.bfloat16
+    torch.testing.assert_close(torch.cat(steps, 1), full[:, 8:], rtol=0, atol=0.15)
+
+
 @pytest.mark.parametrize("variant", TABLE_VARIANTS)
 def test_offloaded_tables_give_the_same_tokens_and_fetch_each_row_once(variant):
     model, offloaded = seeded(1, variant), seeded(1, variant).offload_tables("cpu")
@@ -280,12 +294,6 @@ def test_flops_and_parameters_are_table_6s():
     assert n == dict(dense=135_266_304 - 4 * 768 ** 2 + 4, tables=4 * 32768 * 768, scaling=140 * 768 ** 2 + 32768 * 768)
     n = GPT(GPTConfig.preset("paper_780m", "bov"), device="meta").num_params()
     assert (round(n["dense"] / 1e6, 1), round(n["tables"] / 1e6, 1)) == (761.3, 402.7)
-
-
-# SDPA's CPU kernels, which FlopCounterMode does not know: 4 T_q T_k D per head forward, backward twice that
-SDPA_FLOPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: lambda q, k, v, *a, **kw: sdpa_flop_count(q, k, v),
-              torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
-                  lambda g, q, k, v, *a, **kw: 2 * sdpa_flop_count(q, k, v)}
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -290,6 +290,14 @@ def test_two_gloo_ranks_match_one_process(data_dir, tmp_path, capsys):
     np.testing.assert_allclose(l1, l2, rtol=1e-5)
     np.testing.assert_allclose(records(one, "eval")[-1]["val_loss"], records(two, "eval")[-1]["val_loss"], rtol=1e-5)
 
+def test_the_device_is_the_local_ranks_gpu_or_the_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert [train.pick_device(d, r) for d, r in (("auto", 0), ("cuda", 3), ("cuda:1", 0), ("cpu", 2))] == [
+        torch.device("cuda:0"), torch.device("cuda:3"), torch.device("cuda:1"), torch.device("cpu")]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert train.pick_device("auto") == torch.device("cpu")
+
+
 # ---------------------------------------------------------------------------- refusals
 
 
