@@ -123,7 +123,7 @@ class GPTConfig:
         return w[:-1] + [self.block_size]
 
     def kv_cache_bytes(self, batch, context, dtype=torch.bfloat16):
-        """The decode cache: K in every layer, V in all but the V-free ones, an int32 id a token if caches_ids()."""
+        """The decode cache: K in every layer, V in all but the V-free ones, an int32 id if caches_ids()."""
         per_token = (2 * self.n_layer - len(self.v_free_layers())) * self.n_embd * dtype.itemsize
         return batch * context * (per_token + 4 * self.caches_ids())
 
@@ -315,11 +315,10 @@ class Attention(nn.Module):
             p.v1 = v
         if p.cache is not None:
             y = self.attend_cached(q, k, v, p)
-        elif self.window >= T:
-            y = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), is_causal=True)
-        else:
+        else:  # causal, and within the window where that is shorter
             pos = torch.arange(T, device=x.device)
-            y = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), attn_mask=window_mask(pos, pos, self.window))
+            mask = None if self.window >= T else window_mask(pos, pos, self.window)
+            y = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), attn_mask=mask, is_causal=mask is None)
         if self.mix == "replace" and self.coeff == "learned":
             y = self.gamma_v * y  # v = gamma_v V~, applied here only: softmax(q k^T) (c V~) = c softmax(q k^T) V~
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))  # (B, H, T, D) -> (B, T, C)
@@ -350,10 +349,10 @@ class Attention(nn.Module):
         window's values out: the softmax weights p are the per-sample weights of one embedding_bag, which reads
         each row once. The (N, C) table is viewed as (N H, D): head h of row r is its row H r + h."""
         B, H, W, D = keys.shape
+        wide = torch.promote_types(q.dtype, torch.float32)
         with torch.autocast(q.device.type, enabled=False):  # scores and p in float32, as SDPA keeps them
-            wide = torch.promote_types(q.dtype, torch.float32)
-            probs = torch.softmax((q.to(wide) @ keys.to(wide).transpose(-1, -2)) * D ** -0.5, dim=-1)  # (B, H, 1, W)
-        bags = ids[:, None, :].long() * H + torch.arange(H, device=q.device)[:, None]  # (B, H, W): rows of (N H, D)
+            probs = torch.softmax(q.to(wide) @ keys.to(wide).transpose(-1, -2) * D ** -0.5, dim=-1)  # (B, H, 1, W)
+        bags = ids[:, None, :].long() * H + torch.arange(H, device=q.device)[:, None]  # (B, H, W) rows of (N H, D)
         table = p.tables[self.table].detach()  # detached: embedding_bag's forward-only kernel
         y = F.embedding_bag(bags.flatten(), table.view(-1, D), torch.arange(0, B * H * W, W, device=q.device),
                             mode="sum", per_sample_weights=probs.flatten().to(table.dtype))  # (B H, D)
@@ -527,7 +526,7 @@ class GPT(nn.Module):
         half block. Without it every step reruns the last block_size tokens. temperature 0 is greedy."""
         block, V = self.config.block_size, self.config.vocab_size
         if idx.min() < 0 or idx.max() >= V:
-            raise ValueError(f"token ids must be in [0, {V}), the model's vocabulary; got {idx.min()} to {idx.max()}")
+            raise ValueError(f"token ids must be in [0, {V}), the vocabulary; got {idx.min()} to {idx.max()}")
         cache = None
         for _ in range(max_new_tokens):
             if not use_cache:
@@ -567,7 +566,7 @@ class GPT(nn.Module):
         wte or a table) + 12 n_head head_dim window per layer for attention's scores and values."""
         cfg = self.config
         matmul = self.num_params()["scaling"]
-        matmul += sum(b.attn.c_v.weight.numel() for b in self.blocks if b.attn.source == "x0" and b.attn.mix == "add")
+        matmul += sum(b.attn.c_v.weight.numel() for b in self.blocks if (b.attn.source, b.attn.mix) == ("x0", "add"))
         return 6 * matmul + sum(12 * cfg.n_embd * w for w in cfg.windows())
 
     def coefficients(self):

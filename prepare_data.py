@@ -34,7 +34,8 @@ from tqdm import tqdm
 from model import load_tokenizer
 
 # nanochat's split pattern: GPT-4's (cl100k), with numbers split into runs of 1-2 digits, not 1-3
-SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+SPLIT_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
+                 r"""|\s*[\r\n]|\s+(?!\S)|\s+""")
 BOS = "<|bos|>"
 VAL_PLAYS = ("macbeth", "twelfth-night", "richard-ii")  # one tragedy, one comedy, one history
 CLIMBMIX = "karpathy/climbmix-400b-shuffle"

@@ -255,7 +255,7 @@ def test_a_full_cache_restarts_from_the_last_half_block_and_sampling_is_seeded()
 
 def test_token_ids_past_the_vocabulary_are_refused():
     model = seeded(0, "bov")
-    with pytest.raises(ValueError, match=r"token ids must be in \[0, 257\), the model's vocabulary; got 3 to 257"):
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 257\), the vocabulary; got 3 to 257"):
         model.generate(torch.tensor([[3, 257]]), 1)
 
 
