@@ -19,7 +19,8 @@ BYTE_TOKENIZER = {"pattern": r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\
 
 def tiny(variant="bov", **overrides):
     """A 6-layer model of width 48 (4 heads of 12) over the byte tokenizer's 257 ids: the cpu size, shrunk."""
-    return GPTConfig.preset("cpu", variant, **{**dict(n_embd=48, n_head=4, vocab_size=257, block_size=64), **overrides})
+    shape = dict(n_embd=48, n_head=4, vocab_size=257, block_size=64)
+    return GPTConfig.preset("cpu", variant, **{**shape, **overrides})
 
 
 def seeded(seed, variant="bov", **overrides):

@@ -236,16 +236,19 @@ def test_bench_table_of_trained_runs_by_variant_and_seed(tmp_path, capsys):
     """Table 1 in miniature: each run's last val bpb by seed, the mean, its difference from the baseline's mean
     (marked noise under twice the baseline's seed spread), the paper's difference, and the last coefficients."""
     runs = [("baseline", 1, 2.10, {}), ("baseline", 2, 2.11, {}), ("baseline", 1337, 2.12, {}),
-            ("bov", 1, 2.05, {"4": {"gamma_v": 9.0}}), ("bov", 1337, 2.07, {"4": {"gamma_v": 2.25}, "5": {"gamma_v": 0.5}}),
+            ("bov", 1, 2.05, {"4": {"gamma_v": 9.0}}),
+            ("bov", 1337, 2.07, {"4": {"gamma_v": 2.25}, "5": {"gamma_v": 0.5}}),
             ("t1_r11", 1337, 2.09, {"4": {"alpha_v": 1.0, "beta_v": 0.25}})]
     paths = [metrics(tmp_path / f"{v}_{seed}" / "metrics.jsonl", v, c, seed, bpb) for v, seed, bpb, c in runs]
     bench.main(["--table", *paths, "--plot_dir", str(tmp_path)])
     out = capsys.readouterr().out.splitlines()
     assert out[:5] == [
-        "| variant | paper | computes | seed 1 | seed 2 | seed 1337 | mean | vs baseline | paper | last gamma_v (a, b) by layer |",
+        "| variant | paper | computes | seed 1 | seed 2 | seed 1337 | mean | vs baseline | paper "
+        "| last gamma_v (a, b) by layer |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
         "| baseline | Table 1 row 1 | V | 2.100 | 2.110 | 2.120 | 2.110 | +0.000 | +0.000 |  |",
-        "| bov | Sections 4-5 | γ E_v[i] in layers 4,5 | 2.050 |  | 2.070 | 2.060 | -0.050 | -0.009 | 4: 2.25; 5: 0.50 |",
+        "| bov | Sections 4-5 | γ E_v[i] in layers 4,5 | 2.050 |  | 2.070 | 2.060 | -0.050 | -0.009 "
+        "| 4: 2.25; 5: 0.50 |",
         "| t1_r11 | Table 1 row 11 | a V + b V1 in layers 4,5 |  |  | 2.090 | 2.090 | -0.020 (noise) | -0.006 "
         "| 4: 1.00, 0.25 |"]
     assert (tmp_path / "table1.png").read_bytes()[:4] == b"\x89PNG"

@@ -49,7 +49,7 @@ def test_sizes_and_variants():
     (("cpu", "boV"), "unknown variant 'boV'; choose one of baseline, bov, t1_r01"),
     (("cpu", "bov", dict(n_layers=4)), "unknown GPTConfig field 'n_layers'; fields are vocab_size, n_layer,"),
     (("cpu", "bov", dict(value_source="x1")), "value_source='x1': choose one of table, x0, v1, x"),
-    (("cpu", "bov", dict(bov_layers="last")), "bov_layers='last': choose one of last_third, every_other, all, none or"),
+    (("cpu", "bov", dict(bov_layers="last")), "bov_layers='last': choose one of last_third, every_other, all, none"),
     (("cpu", "bov", dict(bov_layers=(4, 6))), "bov_layers=(4, 6): a 6-layer model has layers 0 to 5"),
     (("cpu", "t1_r06", dict(bov_layers=(0, 5))), "value_source=v1 cannot target layer 0, which computes V1"),
     (("cpu", "t1_r09", dict(value_coeff="gated")), "value_coeff=gated is nanochat's value embedding"),
@@ -112,7 +112,8 @@ def test_the_grid_computes_its_formulas():
     logits = lambda m: m(idx)[0]
     same = lambda a, b: torch.testing.assert_close(logits(a), logits(b), rtol=0, atol=0)
     same(seeded(7, "t1_r13"), seeded(7, "baseline"))
-    for learned, fixed in (("t1_r02", "baseline"), ("t1_r09", "t1_r08"), ("t1_r06", "t1_r05"), ("bov", "bov_fixed_coeff")):
+    pairs = ("t1_r02", "baseline"), ("t1_r09", "t1_r08"), ("t1_r06", "t1_r05"), ("bov", "bov_fixed_coeff")
+    for learned, fixed in pairs:
         same(seeded(7, learned), seeded(7, fixed))
     half, fixed = seeded(7, "t1_r13"), seeded(7, "t1_r12")
     with torch.no_grad():
@@ -185,7 +186,8 @@ def test_the_trunk_equals_its_written_out_formula():
         a, h = block.attn, rms(x)
         q, k = (rms(rope((h @ w.T).view(B, T, H, D))).transpose(1, 2) for w in (a.c_q.weight, a.c_k.weight))
         v = (h @ a.c_v.weight.T).view(B, T, H, D).transpose(1, 2)
-        p = (q @ k.transpose(-1, -2) / math.sqrt(D)).masked_fill((back < 0) | (back >= window), -math.inf).softmax(-1)
+        p = (q @ k.transpose(-1, -2) / math.sqrt(D)).masked_fill((back < 0) | (back >= window), -math.inf)
+        p = p.softmax(-1)
         x = x + (p @ v).transpose(1, 2).reshape(B, T, H * D) @ a.c_proj.weight.T
         x = x + F.relu(rms(x) @ block.mlp.c_fc.weight.T).square() @ block.mlp.c_proj.weight.T
     expected = 15 * torch.tanh(rms(x) @ model.lm_head.weight.T / 15)
@@ -211,7 +213,8 @@ def test_greedy_decode_with_cache_equals_without(variant):
     assert torch.equal(cached, model.generate(idx, 50, temperature=0, use_cache=False))
     cache = model.new_cache(2)  # and step by step, the logits of the full forward
     full, _ = model(cached[:, :59])
-    steps = [model(cached[:, :9], cache=cache)[0]] + [model(cached[:, t:t + 1], cache=cache)[0] for t in range(9, 59)]
+    steps = [model(cached[:, :9], cache=cache)[0]]
+    steps += [model(cached[:, t:t + 1], cache=cache)[0] for t in range(9, 59)]
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 8:], rtol=1e-4, atol=1e-4)
 
 
@@ -223,7 +226,8 @@ def test_decode_under_bf16_autocast_gives_the_full_forwards_logits(variant):
     with torch.autocast("cpu", torch.bfloat16):
         tokens = model.generate(batch(model.config, T=9), 20, temperature=0, use_cache=False)
         full, cache = model(tokens[:, :-1])[0], model.new_cache(2)
-        steps = [model(tokens[:, :9], cache=cache)[0]] + [model(tokens[:, t:t + 1], cache=cache)[0] for t in range(9, 28)]
+        steps = [model(tokens[:, :9], cache=cache)[0]]
+        steps += [model(tokens[:, t:t + 1], cache=cache)[0] for t in range(9, 28)]
     assert cache.k[0].dtype == torch.bfloat16
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 8:], rtol=0, atol=0.15)
 
@@ -261,7 +265,7 @@ def test_token_ids_past_the_vocabulary_are_refused():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cache_bytes_equal_the_analytic_formula(variant):
-    """K in every layer, V in all but the V-free layers, an int32 id per position where a V-free layer reads a table."""
+    """K in every layer, V in all but the V-free layers, an int32 id a position where a V-free layer reads a table."""
     cfg = tiny(variant)
     cache = GPT(cfg).new_cache(3, 40)
     L, d = cfg.n_layer, cfg.n_embd
@@ -291,7 +295,8 @@ def test_flops_and_parameters_are_table_6s():
     assert round(3.91e19 / flops["paper_780m", "baseline"] / 1e9, 2) == 8.19  # Section 5's tokens
     assert round(3.91e19 / flops["paper_780m", "bov"] / 1e9, 2) == 8.39
     n = GPT(GPTConfig.preset("paper_135m", "bov"), device="meta").num_params()
-    assert n == dict(dense=135_266_304 - 4 * 768 ** 2 + 4, tables=4 * 32768 * 768, scaling=140 * 768 ** 2 + 32768 * 768)
+    assert n == dict(dense=135_266_304 - 4 * 768 ** 2 + 4, tables=4 * 32768 * 768,
+                     scaling=140 * 768 ** 2 + 32768 * 768)
     n = GPT(GPTConfig.preset("paper_780m", "bov"), device="meta").num_params()
     assert (round(n["dense"] / 1e6, 1), round(n["tables"] / 1e6, 1)) == (761.3, 402.7)
 
@@ -312,7 +317,8 @@ def test_optimizer_groups_and_rates():
     muon, adamw = model.configure_optimizers()
     scale = (192 / 768) ** -0.5
     assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
-    assert {id(p) for p in muon.param_groups[0]["params"]} == {id(p) for p in model.blocks.parameters() if p.dim() == 2}
+    matrices = {id(p) for p in model.blocks.parameters() if p.dim() == 2}
+    assert {id(p) for p in muon.param_groups[0]["params"]} == matrices
     assert muon.param_groups[0]["lr"] == 0.02 and muon.param_groups[0]["weight_decay"] == 0.28
     groups = [([id(p) for p in g["params"]], g["lr"], g["initial_lr"]) for g in adamw.param_groups]
     assert groups == [([id(model.wte.weight)], 0.3 * scale, 0.3 * scale),
@@ -320,7 +326,7 @@ def test_optimizer_groups_and_rates():
                       ([id(t.weight) for t in model.tables], 0.15 * scale, 0.15 * scale),
                       ([id(model.blocks[4].attn.gamma_v), id(model.blocks[5].attn.gamma_v)], 0.5, 0.5)]
     assert model.coefficients() == {4: {"gamma_v": 1.0}, 5: {"gamma_v": 1.0}}
-    assert seeded(0, "t1_r11").coefficients() == {4: {"alpha_v": 1.0, "beta_v": 0.0}, 5: {"alpha_v": 1.0, "beta_v": 0.0}}
+    assert seeded(0, "t1_r11").coefficients() == {i: {"alpha_v": 1.0, "beta_v": 0.0} for i in (4, 5)}
 
 
 def test_checkpoint_round_trip(tmp_path):

@@ -49,7 +49,8 @@ def trained(data_dir, tmp_path_factory):
 def small_data(tmp_path):
     """A byte-level data folder: 12 short documents (332 tokens, 13 rows of 33) and one of 99 for validation."""
     ids = lambda texts: np.array([t for d in texts for t in [256, *d.encode()]], np.uint16)
-    train_ids, val_ids = ids([f"doc {i}: " + "to be or not " * (i % 4) for i in range(12)]), ids(["the val play, " * 7])
+    train_ids = ids([f"doc {i}: " + "to be or not " * (i % 4) for i in range(12)])
+    val_ids = ids(["the val play, " * 7])
     train_ids.tofile(tmp_path / "train_0000.bin")
     val_ids.tofile(tmp_path / "val_0000.bin")
     np.save(tmp_path / "token_bytes.npy", np.array([1] * 256 + [0], np.int32))
