@@ -334,7 +334,7 @@ def grid(paths, plot_dir):
                      + ("" if paper is None else f"{paper:+.3f}") + f" | {coeffs} |")
         rows.append((v, [b - mean0 for b in bpb.values()], diff, paper))
     print("\n".join(lines))
-    print(f"\nbaseline: mean {mean0:.4f} over seeds {', '.join(map(str, runs['baseline']))}; twice its seed "
+    print(f"\nbaseline: mean {mean0:.3f} over seeds {', '.join(map(str, runs['baseline']))}; twice its seed "
           f"spread, {noise:.3f}, marks a difference as noise")
 
     fig, ax = pyplot().subplots(figsize=(7, 0.28 * len(rows) + 1.2))
