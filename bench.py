@@ -160,6 +160,7 @@ def run(args):
     r["kv_bytes_per_position"] = both(lambda i: caches[i].nbytes() / (B * T),
                                       analytic=[cfg.kv_cache_bytes(B, T, kv_dtype) / (B * T) for cfg in cfgs])
     r["table_bytes"] = both(lambda i: cfgs[i].table_bytes(kv_dtype))
+    del caches  # counted: not held through the timed rounds, whose own caches they would double
     r["breakeven_context"] = dict(one=breakeven(*cfgs), batch=breakeven(*cfgs, args.serve_batch),
                                   serve_batch=args.serve_batch)
 
